@@ -1,0 +1,13 @@
+"""User-facing errors: the CLI prints their message on one line, without a traceback."""
+
+
+class TiecliError(Exception):
+    """Something the user can fix (a bad path, a corrupt file, a refused name). Exit code 1."""
+
+    exit_code = 1
+
+
+class ConfigError(TiecliError):
+    """A bad override, key or group choice. Exit code 2, like any other usage error."""
+
+    exit_code = 2
