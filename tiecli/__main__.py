@@ -1,0 +1,4 @@
+# python -m tiecli --help
+from tiecli.cli import app
+
+app()

@@ -1,0 +1,124 @@
+# tiecli --help   (entry point of the `tiecli` command and of `python -m tiecli`)
+"""The command line: each command composes its config, finds its run directory and calls one function.
+
+Heavy imports (torch) happen inside the commands, so `tiecli --help` answers at once.
+"""
+
+import contextlib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from tiecli import config, display, rundir
+from tiecli.errors import ConfigError, TiecliError
+
+app = typer.Typer(
+    help="Train GPT-style models with the input embedding and output matrix tied or not, and compare them.\n\n"
+    "Example: tiecli train tying=untied model=small",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+Overrides = Annotated[list[str] | None, typer.Argument(help="Hydra overrides: GROUP=CHOICE or KEY=VALUE, e.g. tying=untied train.lr=1e-3", show_default=False)]
+ConfigDir = Annotated[Path | None, typer.Option("--config-dir", help="A folder of your own config files, searched before tiecli's conf/ (add e.g. model/huge.yaml)")]
+
+
+@contextlib.contextmanager
+def user_errors():
+    """A TiecliError becomes one line on stderr and its exit code; no traceback."""
+    try:
+        yield
+    except TiecliError as e:
+        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+
+
+@app.command()
+def train(
+    overrides: Overrides = None,
+    name: Annotated[str | None, typer.Option(help="Run directory name (default: built from the group choices and seed)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the named run from its last checkpoint")] = False,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
+    config_dir: ConfigDir = None,
+):
+    """Train one model and evaluate it into runs/<name>/.
+
+    Example: tiecli train tying=untied model=small train.max_steps=500
+    """
+    overrides = overrides or []
+    with user_errors():
+        cfg, choices = config.compose(overrides, config_dir)
+        run_config = config.to_config(cfg)
+        path = rundir.run_path(runs_dir, name or config.run_name(choices, cfg, overrides))
+        if rundir.is_run_dir(path):
+            if not resume:
+                raise TiecliError(f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one")
+            config.check_unchanged(config.load_yaml(path / rundir.CONFIG), cfg)
+        files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices})}
+        from tiecli.train import train as train_run
+
+        summary = train_run(run_config, path, resume, files)
+        console.print(display.summary_table(summary))
+        console.print(f"run directory: {path}")
+
+
+class Split(str, Enum):
+    val = "val"
+    test = "test"
+
+
+@app.command("eval")
+def eval_(
+    run: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/micro-tied-bpe4096-shakespeare-s0")],
+    split: Annotated[Split, typer.Option(help="Held-out split to evaluate in full")] = Split.val,
+):
+    """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency.
+
+    Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
+    """
+    with user_errors():
+        run_config = load_run_config(run)
+        from tiecli.evaluate import evaluate_run
+
+        metrics = evaluate_run(run, run_config, split.value)
+        console.print(display.eval_table(metrics, f"{run.name}: {split.value} at step {metrics['step']}"))
+
+
+@app.command()
+def info(
+    overrides: Overrides = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML and a table")] = False,
+    config_dir: ConfigDir = None,
+):
+    """Show the composed config and the parameter count by part, without training.
+
+    Example: tiecli info model=gpt2 tokenizer=gpt2 tying=tied
+    """
+    with user_errors():
+        cfg, choices = config.compose(overrides or [], config_dir)
+        run_config = config.to_config(cfg)
+        from tiecli.model import count_params
+
+        counts = count_params(run_config.model)
+        if as_json:
+            print(json.dumps({"choices": choices, "config": OmegaConf.to_container(cfg, resolve=True), "params": counts}, indent=2))
+            return
+        console.print(config.to_yaml(cfg), highlight=False, markup=False)
+        console.print(display.params_table(counts, f"parameters ({', '.join(f'{k}={v}' for k, v in choices.items())})"))
+
+
+def load_run_config(run: Path) -> "config.Config":
+    if not rundir.is_run_dir(run):
+        raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.CONFIG})")
+    try:
+        return config.to_config(config.load_yaml(run / rundir.CONFIG))
+    except ConfigError as e:
+        raise TiecliError(f"{str(run / rundir.CONFIG)!r} is not a valid tiecli config: {e}") from None

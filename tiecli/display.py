@@ -1,0 +1,59 @@
+# Used by the CLI commands to print results; rich tables only, no computation.
+"""Terminal tables for a run's summary, an evaluation and a parameter breakdown."""
+
+from rich.table import Table
+
+PARAM_ROWS = (
+    ("input_embedding", "input embedding"),
+    ("output_matrix", "output matrix"),
+    ("shared", "shared (input = output)"),
+    ("positional", "positional"),
+    ("non_embedding", "non-embedding"),
+    ("total", "total"),
+)
+
+
+def params_table(counts: dict[str, int], title: str = "parameters") -> Table:
+    table = Table(title=title)
+    table.add_column("part")
+    table.add_column("parameters", justify="right")
+    table.add_column("share", justify="right")
+    for key, label in PARAM_ROWS:
+        table.add_row(label, f"{counts[key]:,}", f"{counts[key] / counts['total']:.1%}")
+    return table
+
+
+def eval_table(metrics: dict, title: str) -> Table:
+    table = Table(title=title)
+    for column in ("tokens", "loss", "perplexity", "bits/byte"):
+        table.add_column(column, justify="right")
+    table.add_column("")
+    table.add_row(f"{metrics['n_tokens']:,}", f"{metrics['loss']:.4f}", f"{metrics['perplexity']:.2f}",
+                  f"{metrics['bits_per_byte']:.4f}", "all")
+    for bucket, m in metrics["by_bucket"].items():
+        if m["n_tokens"]:
+            table.add_row(f"{m['n_tokens']:,}", f"{m['loss']:.4f}", f"{m['perplexity']:.2f}", "", f"{bucket} tokens")
+    return table
+
+
+def summary_table(summary: dict) -> Table:
+    table = Table(title=f"run {summary['name']}: {summary['status']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    p = summary["params"]
+    embedding = p["input_embedding"] + p["output_matrix"] + p["shared"]
+    rows = [
+        ("parameters", f"{p['total']:,} ({embedding / p['total']:.1%} token embedding/output)"),
+        ("steps", f"{summary['step']:,} / {summary['max_steps']:,}"),
+        ("tokens", f"{summary['tokens']:,}"),
+        ("train time", f"{summary.get('train_time', 0):.1f} s ({summary.get('tokens_per_s', 0):,.0f} tokens/s)"),
+    ]
+    if summary.get("best_val_loss") is not None:
+        rows.append(("best val loss (subset)", f"{summary['best_val_loss']:.4f} at step {summary['best_val_step']}"))
+    final = summary.get("final_val")
+    if final:
+        rows += [("val loss", f"{final['loss']:.4f}"), ("val perplexity", f"{final['perplexity']:.2f}"),
+                 ("val bits/byte", f"{final['bits_per_byte']:.4f}")]
+    for label, value in rows:
+        table.add_row(label, value)
+    return table

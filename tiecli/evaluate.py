@@ -1,0 +1,92 @@
+# Used by `tiecli train` (validation during and after training) and `tiecli eval RUN`.
+"""Loss, perplexity, bits per byte and perplexity by token-frequency bucket on a held-out split."""
+
+import contextlib
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tiecli import checkpoint, rundir
+from tiecli.config import Config
+from tiecli.data import BUCKETS, Corpus, eval_windows, load_corpus
+from tiecli.model import GPT
+from tiecli.runtime import autocast_for, pick_device, pick_dtype
+
+
+@torch.no_grad()
+def evaluate(
+    model: GPT,
+    corpus: Corpus,
+    split: str,
+    buckets: np.ndarray,
+    batch_size: int,
+    device: torch.device,
+    autocast=contextlib.nullcontext,
+    limit: int | None = None,
+) -> dict:
+    """Metrics over every token of `split` (or over `limit` fixed windows of it).
+
+    loss: mean next-token NLL in nats; perplexity: exp(loss); bits_per_byte: total NLL in bits over
+    the UTF-8 bytes of the predicted tokens, which does not depend on the tokenizer.
+    by_bucket: the same loss and perplexity over targets in each frequency bucket.
+    """
+    tokens = corpus.tokens[split]
+    block_size = model.config.block_size
+    windows = eval_windows(len(tokens), block_size, limit)
+    token_bytes = torch.from_numpy(corpus.token_bytes).to(device)
+    bucket_of = torch.from_numpy(buckets.astype(np.int64)).to(device)
+    nll = torch.zeros(len(BUCKETS), dtype=torch.float64, device=device)  # summed per bucket
+    count = torch.zeros(len(BUCKETS), dtype=torch.float64, device=device)
+    n_bytes = torch.zeros((), dtype=torch.float64, device=device)
+    was_training = model.training
+    model.eval()
+    # Full windows in batches; the one short window at the end of a split in a batch of its own.
+    by_length: dict[int, list[int]] = {}
+    for start, length in windows:
+        by_length.setdefault(length, []).append(start)
+    for length, starts in by_length.items():
+        for i in range(0, len(starts), batch_size):
+            batch = np.stack([tokens[s : s + length + 1].astype(np.int64) for s in starts[i : i + batch_size]])
+            batch = torch.from_numpy(batch).to(device)  # (B, T+1)
+            x, y = batch[:, :-1], batch[:, 1:]
+            with autocast():
+                loss = model(x, y, reduction="none")  # (B, T)
+            b = bucket_of[y].flatten()
+            nll += torch.bincount(b, weights=loss.flatten().double(), minlength=len(BUCKETS))
+            count += torch.bincount(b, minlength=len(BUCKETS)).double()
+            n_bytes += token_bytes[y].sum()
+    model.train(was_training)
+    nll, count = nll.cpu().tolist(), count.cpu().tolist()
+    total_nll, total = sum(nll), sum(count)
+    loss = total_nll / max(1.0, total)
+    return {
+        "split": split,
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "bits_per_byte": total_nll / math.log(2) / max(1.0, float(n_bytes)),
+        "n_tokens": int(total),
+        "n_bytes": int(n_bytes),
+        "by_bucket": {
+            name: {
+                "loss": nll[i] / count[i] if count[i] else None,
+                "perplexity": math.exp(nll[i] / count[i]) if count[i] else None,
+                "n_tokens": int(count[i]),
+            }
+            for i, name in enumerate(BUCKETS)
+        },
+    }
+
+
+def evaluate_run(run_dir: Path, config: Config, split: str) -> dict:
+    """Reload a run's last checkpoint, evaluate a whole split, and record it in eval.json."""
+    device = pick_device(config.device)
+    model, ckpt = checkpoint.load_model(run_dir, config.model)
+    corpus = load_corpus(config.data, config.tokenizer)
+    autocast = autocast_for(device, pick_dtype(config.dtype, device))
+    metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), config.train.batch_size, device, autocast)
+    metrics["step"] = ckpt["state"]["step"]
+    path = run_dir / rundir.EVAL
+    rundir.write_json(path, {**(rundir.read_json(path) if path.exists() else {}), split: metrics})
+    return metrics

@@ -1,0 +1,92 @@
+# Used by `tiecli train` (writing a run directory) and by `eval`, `report`, `runs` (reading one).
+"""A run directory describes itself; this module is the only code that lays one out.
+
+runs/<name>/
+  config.yaml      the resolved config the run was trained with
+  overrides.yaml   the command-line overrides and the group choices they selected
+  metrics.jsonl    one JSON object per logged step (train metrics; val metrics at eval steps)
+  summary.json     status (running/completed/failed/interrupted), parameter counts, final metrics, versions
+  eval.json        full-split evaluations by split, from `tiecli train` and `tiecli eval`
+  checkpoints/     last.pt (model, optimizer, RNG and data position), init.pt (embeddings at step 0)
+
+Every file is written to a temporary name in the same folder and renamed into place, so a crash
+or Ctrl-C leaves either the old file or the new one, never half of one.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from tiecli.errors import TiecliError
+
+CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = "config.yaml", "overrides.yaml", "metrics.jsonl", "summary.json", "eval.json"
+CHECKPOINT = Path("checkpoints") / "last.pt"
+INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
+
+
+def run_path(runs_dir: Path, name: str) -> Path:
+    """runs_dir/name, refusing names that are empty, absolute or would leave runs_dir."""
+    if not name or Path(name).is_absolute():
+        raise TiecliError(f"run name {name!r} must be a relative name inside the runs directory")
+    root = Path(runs_dir).resolve()
+    path = (root / name).resolve()
+    if path == root or root not in path.parents:
+        raise TiecliError(f"run name {name!r} would leave the runs directory {str(runs_dir)!r}")
+    return path
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TiecliError(f"{str(path)!r} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TiecliError(f"{str(path)!r} is not valid JSON ({e})") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every complete line of a JSON-lines file; a torn last line (a killed writer) is ignored."""
+    rows = []
+    if not Path(path).exists():
+        return rows
+    for line in Path(path).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    """One line per call, flushed: a reader (a sweep's live table) sees whole lines as they come."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the lines up to last_step: on resume, later lines are about to be produced again."""
+    rows = [r for r in read_jsonl(path) if r.get("step", 0) <= last_step]
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / CONFIG).is_file()
