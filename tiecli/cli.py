@@ -23,6 +23,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help and usage errors: the error stays on one line, unboxed
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -122,3 +123,4 @@ def load_run_config(run: Path) -> "config.Config":
         return config.to_config(config.load_yaml(run / rundir.CONFIG))
     except ConfigError as e:
         raise TiecliError(f"{str(run / rundir.CONFIG)!r} is not a valid tiecli config: {e}") from None
+

@@ -167,7 +167,7 @@ def _hydra_compose(overrides: list[str]) -> DictConfig:
 def _check_key(cfg: DictConfig, key: str) -> None:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
-    if not isinstance(node, DictConfig) or leaf not in node:
+    if not isinstance(node, DictConfig) or leaf not in node.keys():
         where = f"under {parent!r}" if isinstance(node, DictConfig) and parent else "at the top level"
         valid = sorted(k for k in node.keys() if k != "hydra") if isinstance(node, DictConfig) else []
         raise ConfigError(f"unknown config key {key!r}; valid keys {where}: {', '.join(valid)}")

@@ -203,9 +203,10 @@ def get_batch(tokens: np.ndarray, batch_size: int, block_size: int, generator: t
 def eval_windows(n_tokens: int, block_size: int, limit: int | None = None) -> list[tuple[int, int]]:
     """(start, length) of windows whose targets cover every token of a split once (its first excepted).
 
-    With a limit, that many windows spread evenly over the split: the same ones at every evaluation.
+    With a limit, that many full windows spread evenly over the split: the same ones at every evaluation.
     """
     windows = [(s, min(block_size, n_tokens - 1 - s)) for s in range(0, n_tokens - 1, block_size)]
     if limit is not None and limit < len(windows):
-        windows = [windows[i] for i in np.linspace(0, len(windows) - 1, limit).round().astype(int)]
+        full = [w for w in windows if w[1] == block_size]
+        windows = [full[i] for i in np.linspace(0, len(full) - 1, limit).round().astype(int)]
     return windows

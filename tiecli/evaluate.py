@@ -15,13 +15,17 @@ from tiecli.model import GPT
 from tiecli.runtime import autocast_for, pick_device, pick_dtype
 
 
+def eval_batch_size(block_size: int, vocab_size: int) -> int:
+    """Windows per evaluation batch: about 8k tokens, fewer when the (tokens, V) logits would pass 1 GiB."""
+    return max(1, min(8192, 2**28 // vocab_size) // block_size)
+
+
 @torch.no_grad()
 def evaluate(
     model: GPT,
     corpus: Corpus,
     split: str,
     buckets: np.ndarray,
-    batch_size: int,
     device: torch.device,
     autocast=contextlib.nullcontext,
     limit: int | None = None,
@@ -34,6 +38,7 @@ def evaluate(
     """
     tokens = corpus.tokens[split]
     block_size = model.config.block_size
+    batch_size = eval_batch_size(block_size, model.config.vocab_size)
     windows = eval_windows(len(tokens), block_size, limit)
     token_bytes = torch.from_numpy(corpus.token_bytes).to(device)
     bucket_of = torch.from_numpy(buckets.astype(np.int64)).to(device)
@@ -85,7 +90,7 @@ def evaluate_run(run_dir: Path, config: Config, split: str) -> dict:
     model, ckpt = checkpoint.load_model(run_dir, config.model)
     corpus = load_corpus(config.data, config.tokenizer)
     autocast = autocast_for(device, pick_dtype(config.dtype, device))
-    metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), config.train.batch_size, device, autocast)
+    metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast)
     metrics["step"] = ckpt["state"]["step"]
     path = run_dir / rundir.EVAL
     rundir.write_json(path, {**(rundir.read_json(path) if path.exists() else {}), split: metrics})

@@ -154,7 +154,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
         checkpoint.save(ckpt_path, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "state": state})
 
     def val_subset() -> dict:
-        return evaluate(model, corpus, "val", buckets, t.batch_size, device, autocast, limit=t.eval_batches * t.batch_size)
+        return evaluate(model, corpus, "val", buckets, device, autocast, limit=t.eval_batches * t.batch_size)
 
     def finish(status: str, **fields) -> None:
         state["wall_time"] = wall_before + time.perf_counter() - session_start
@@ -211,7 +211,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
         if stopped:
             finish("interrupted")
             raise Interrupted(f"interrupted at step {state['step']}/{max_steps}; checkpoint saved, continue with --resume")
-        final = evaluate(model, corpus, "val", buckets, t.batch_size, device, autocast)
+        final = evaluate(model, corpus, "val", buckets, device, autocast)
         final["step"] = state["step"]
         evals = rundir.read_json(run_dir / rundir.EVAL) if (run_dir / rundir.EVAL).exists() else {}
         rundir.write_json(run_dir / rundir.EVAL, {**evals, "val": final})

@@ -1,0 +1,157 @@
+"""The CLI driven as a user drives it: through Typer's runner, and as a real process for Ctrl-C and the wheel."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import TINY
+from tiecli import rundir
+from tiecli.cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiecli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, code, text):
+    assert result.exit_code == code, result.output
+    assert text in result.output
+    assert "Traceback" not in result.output
+    assert result.output.strip().count("\n") == 0, result.output  # one line, whatever the width
+
+
+def test_help_says_what_and_gives_an_example():
+    for args in ([], ["train"], ["eval"], ["info"]):
+        result = tiecli(*args, "--help")
+        assert result.exit_code == 0 and "Example: tiecli" in result.output
+
+
+def test_train_then_eval_then_refuse_the_same_name(isolated):
+    result = tiecli("train", *TINY, "--name", "first")
+    assert result.exit_code == 0, result.output
+    run = isolated / "runs" / "first"
+    assert "completed" in result.output and "val perplexity" in result.output
+    for name in (rundir.CONFIG, rundir.OVERRIDES, rundir.METRICS, rundir.SUMMARY, rundir.EVAL, rundir.CHECKPOINT):
+        assert (run / name).is_file(), name
+    assert "tokenizer=bytes" in (run / rundir.OVERRIDES).read_text()
+    assert "n_embd: 64" in (run / rundir.CONFIG).read_text()
+
+    result = tiecli("eval", run, "--split", "test")
+    assert result.exit_code == 0, result.output
+    evals = json.loads((run / rundir.EVAL).read_text())
+    assert set(evals) == {"val", "test"} and evals["test"]["n_tokens"] > 0
+    assert f"{evals['test']['perplexity']:.2f}" in result.output
+
+    one_line_error(tiecli("train", *TINY, "--name", "first"), 1, "already exists")
+    one_line_error(tiecli("train", *TINY, "train.lr=1e-3", "--name", "first", "--resume"), 2, "different config (train.lr")
+    result = tiecli("train", *TINY, "--name", "first", "--resume")  # already complete: nothing left to do
+    assert result.exit_code == 0 and json.loads((run / rundir.SUMMARY).read_text())["step"] == 12
+
+
+def test_default_name_comes_from_the_choices_and_seed(isolated):
+    result = tiecli("train", *TINY, "tying=untied", "seed=3", "--runs-dir", "elsewhere")
+    assert result.exit_code == 0, result.output
+    (run,) = (isolated / "elsewhere").iterdir()
+    assert run.name.startswith("nano-untied-bytes-shakespeare-s3,")
+
+
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        (["tying=glued"], "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init"),
+        (["train.lrr=0.1"], "unknown config key 'train.lrr'"),
+        (["model=nano,micro"], "is a sweep"),
+        (["data=textfile"], "data.path is required"),
+        (["train.batch_size=many"], "train.batch_size='many' has the wrong type"),
+    ],
+)
+def test_bad_overrides_exit_2_and_leave_nothing(isolated, args, text):
+    one_line_error(tiecli("train", *TINY, *args), 2, text)
+    assert not (isolated / "runs").exists()
+
+
+def test_bad_data_and_names_exit_1_and_leave_nothing(isolated):
+    one_line_error(tiecli("train", *TINY, "data=textfile", "data.path=nowhere.txt"), 1, "data.path 'nowhere.txt' does not exist")
+    Path("latin1.txt").write_bytes(b"na\xefve text\n" * 100)
+    one_line_error(tiecli("train", *TINY, "data=textfile", "data.path=latin1.txt"), 1, "is not UTF-8 text")
+    one_line_error(tiecli("train", *TINY, "--name", "../escape"), 1, "would leave the runs directory")
+    one_line_error(tiecli("train", *TINY, "--name", "/tmp/abs"), 1, "must be a relative name")
+    assert not (isolated / "runs").exists()
+
+
+def test_eval_of_something_that_is_not_a_run(isolated):
+    one_line_error(tiecli("eval", isolated), 1, "is not a run directory")
+    result = tiecli("eval", isolated, "--split", "train")
+    assert result.exit_code == 2
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("Error: Invalid value for '--split'") and "'train' is not one of 'val', 'test'" in last
+
+
+def test_corrupt_checkpoint_gives_a_clear_error(isolated):
+    assert tiecli("train", *TINY, "--name", "r").exit_code == 0
+    (isolated / "runs" / "r" / rundir.CHECKPOINT).write_bytes(b"\x00" * 100)
+    one_line_error(tiecli("eval", "runs/r"), 1, "is corrupt or unreadable")
+
+
+def test_info_prints_the_published_gpt2_count():
+    result = tiecli("info", "model=gpt2", "tokenizer=gpt2", "tying=tied")
+    assert result.exit_code == 0 and "124,439,808" in result.output and "n_layer: 12" in result.output
+    tied = json.loads(tiecli("info", "model=gpt2", "tokenizer=gpt2", "--json").output)
+    untied = json.loads(tiecli("info", "model=gpt2", "tokenizer=gpt2", "tying=untied", "--json").output)
+    assert untied["params"]["total"] - tied["params"]["total"] == 50257 * 768
+    assert tied["choices"]["tying"] == "tied" and tied["config"]["model"]["n_embd"] == 768
+
+
+def run_tiecli(*args, cwd, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-m", "tiecli", *args], cwd=cwd, env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
+    args = [*TINY, "train.max_steps=400", "--name", "long"]
+    proc = run_tiecli("train", *args, cwd=isolated)
+    metrics = isolated / "runs" / "long" / rundir.METRICS
+    deadline = time.time() + 120
+    while len(rundir.read_jsonl(metrics)) < 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted at step" in err and "Traceback" not in err
+    summary = json.loads((isolated / "runs" / "long" / rundir.SUMMARY).read_text())
+    assert summary["status"] == "interrupted" and 0 < summary["step"] < 400
+    result = tiecli("train", *args, "--resume")
+    assert result.exit_code == 0, result.output
+    assert json.loads((isolated / "runs" / "long" / rundir.SUMMARY).read_text())["status"] == "completed"
+
+
+def test_the_wheel_carries_conf_and_corpus_and_runs_from_anywhere(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist", ROOT],
+                   check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("tiecli-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    conf = sorted(p.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").rglob("*.yaml"))
+    assert sorted(n.removeprefix("tiecli/conf/") for n in names if n.startswith("tiecli/conf/")) == conf
+    assert "tiecli/assets/shakespeare.jsonl.xz" in names
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = run_tiecli("info", "model=nano", "--json", cwd=elsewhere, env={"PYTHONPATH": str(tmp_path / "site")})
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["config"]["model"]["n_layer"] == 2
+    probe = "import tiecli.config as c; print(c.default_config_dir())"
+    where = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert where == str(tmp_path / "site" / "tiecli" / "conf")

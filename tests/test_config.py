@@ -1,0 +1,101 @@
+import pytest
+
+from tiecli import config
+from tiecli.errors import ConfigError
+
+
+def test_defaults_compose_to_dataclasses():
+    cfg, choices = config.compose([])
+    assert choices == {"model": "micro", "tying": "tied", "data": "shakespeare", "tokenizer": "bpe"}
+    c = config.to_config(cfg)
+    assert (c.model.n_layer, c.model.n_embd, c.model.vocab_size, c.model.tying) == (4, 128, 4096, "tied")
+    assert c.max_steps == c.train.max_steps
+    assert isinstance(c.train.lr, float)
+
+
+def test_overrides_reach_the_dataclasses():
+    cfg, choices = config.compose(["tying=partial", "tying.shared_fraction=0.25", "model=gpt2", "tokenizer=gpt2", "train.lr=1e-3", "seed=7"])
+    c = config.to_config(cfg)
+    assert choices["tying"] == "partial" and c.model.shared_fraction == 0.25
+    assert (c.model.block_size, c.model.vocab_size, c.train.lr, c.seed) == (1024, 50257, 1e-3, 7)
+
+
+def test_token_budget_sets_steps():
+    c = config.to_config(config.compose(["train.max_tokens=100000", "train.batch_size=8"])[0])
+    assert c.tokens_per_step == 8 * 128
+    assert c.max_steps == 98  # ceil(100000 / 1024)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["tying=glued"], "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init"),
+        (["model=huge"], "unknown model 'huge'; valid choices: gpt2, medium, micro, nano, small, tiny"),
+        (["train.lrr=1"], "unknown config key 'train.lrr'; valid keys under 'train': batch_size"),
+        (["tying=untied", "tying.rank=4"], "unknown config key 'tying.rank'; valid keys under 'tying': mode"),
+        (["sede=1"], "unknown config key 'sede'; valid keys at the top level"),
+        (["model=nano,micro"], "is a sweep"),
+        (["seed=range(0,3)"], "is a sweep"),
+        (["+train.foo=1"], "adds or deletes a key"),
+        (["train.lr=[oops"], "cannot parse overrides"),
+    ],
+)
+def test_bad_overrides_name_the_valid_choices(override, message):
+    with pytest.raises(ConfigError) as e:
+        config.to_config(config.compose(override)[0])
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["train.max_steps=abc"], "train.max_steps='abc' has the wrong type; expected int"),
+        (["train.max_steps=0"], "train.max_steps=0 must be at least 1"),
+        (["device=tpu"], "device='tpu' is not valid"),
+        (["dtype=fp8"], "dtype='fp8' is not valid; choose one of auto, fp32, bf16"),
+        (["data=textfile"], "data.path is required"),
+        (["tokenizer=bytes", "tokenizer.vocab_size=300"], "bytes has exactly 256 tokens"),
+        (["tokenizer.vocab_size=100"], "bpe needs more than 256"),
+        (["model.n_head=5"], "not divisible by n_head=5"),
+    ],
+)
+def test_bad_values_are_refused_in_one_line(override, message):
+    with pytest.raises(ConfigError) as e:
+        config.to_config(config.compose(override)[0])
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_run_name_is_readable_and_distinguishes_settings():
+    def name(*overrides):
+        cfg, choices = config.compose(list(overrides))
+        return config.run_name(choices, cfg, list(overrides))
+
+    assert name() == "micro-tied-bpe4096-shakespeare-s0"
+    assert name("tying=untied", "seed=2", "tokenizer.vocab_size=8192") == "micro-untied-bpe8192-shakespeare-s2"
+    assert name("train.lr=1e-3") == "micro-tied-bpe4096-shakespeare-s0,train.lr=1e-3"
+    assert name("data=textfile", "data.path=/some/where/notes.txt") == "micro-tied-bpe4096-textfile_notes-s0"
+    assert len(name("train.lr=1e-3", *[f"train.{k}=1" for k in ("eval_interval", "log_interval", "checkpoint_interval", "eval_batches", "grad_accum")])) <= 120
+
+
+def test_config_dir_adds_choices_and_wins(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "huge.yaml").write_text("n_layer: 24\nn_head: 16\nn_embd: 1024\n")
+    cfg, choices = config.compose(["model=huge"], config_dir=tmp_path)
+    assert choices["model"] == "huge" and cfg.model.n_layer == 24 and cfg.model.block_size == 128
+    with pytest.raises(ConfigError, match="valid choices: gpt2, huge, medium"):
+        config.compose(["model=giant"], config_dir=tmp_path)
+    with pytest.raises(ConfigError, match="is not a folder"):
+        config.compose([], config_dir=tmp_path / "missing")
+
+
+def test_check_unchanged_names_the_differences():
+    cfg = config.compose([])[0]
+    config.check_unchanged(cfg, config.compose([])[0])
+    with pytest.raises(ConfigError, match=r"train.lr: 0.003 -> 0.001"):
+        config.check_unchanged(cfg, config.compose(["train.lr=1e-3"])[0])
+
+
+def test_packaged_conf_is_found():
+    assert (config.default_config_dir() / "config.yaml").is_file()

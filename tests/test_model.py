@@ -1,0 +1,136 @@
+import math
+
+import pytest
+import torch
+
+from tiecli.model import GPT, TYING_MODES, GPTConfig, count_params
+
+V, C, L, T = 97, 32, 2, 16
+
+
+def config(mode: str, **kw) -> GPTConfig:
+    return GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=4, n_embd=C, tying=mode, **kw)
+
+
+def expected_embedding_params(mode: str, k: int = C // 2, r: int = 16) -> dict:
+    """Closed-form parameter counts of the token embedding/output parameters per mode."""
+    return {
+        "untied": {"input_embedding": V * C, "output_matrix": V * C, "shared": 0},
+        "untied_init": {"input_embedding": V * C, "output_matrix": V * C, "shared": 0},
+        "tied": {"input_embedding": 0, "output_matrix": 0, "shared": V * C},
+        "scaled": {"input_embedding": 0, "output_matrix": 0, "shared": V * C},
+        "tied_bias": {"input_embedding": 0, "output_matrix": V, "shared": V * C},
+        "partial": {"input_embedding": V * (C - k), "output_matrix": V * (C - k), "shared": V * k},
+        "hybrid": {"input_embedding": 0, "output_matrix": V * r + r * C, "shared": V * C},
+    }[mode]
+
+
+@pytest.mark.parametrize("mode", TYING_MODES)
+def test_param_counts_match_formula(mode):
+    counts = GPT(config(mode)).param_counts()
+    assert {k: counts[k] for k in ("input_embedding", "output_matrix", "shared")} == expected_embedding_params(mode)
+    block = 2 * (2 * C) + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    assert counts["non_embedding"] == L * block + 2 * C  # blocks + final LayerNorm
+    assert counts["positional"] == T * C
+    assert counts["total"] == sum(counts[k] for k in ("input_embedding", "output_matrix", "shared", "positional", "non_embedding"))
+    assert counts == count_params(config(mode))  # the meta-device count used by `tiecli info`
+
+
+def test_partial_and_hybrid_settings_change_counts():
+    counts = GPT(config("partial", shared_fraction=0.25)).param_counts()
+    assert counts["shared"] == V * 8 and counts["input_embedding"] == V * 24
+    assert GPT(config("partial", shared_fraction=1.0)).param_counts()["total"] == GPT(config("tied")).param_counts()["total"]
+    assert GPT(config("partial", shared_fraction=0.0)).param_counts()["total"] == GPT(config("untied")).param_counts()["total"]
+    assert GPT(config("hybrid", rank=4)).param_counts()["output_matrix"] == V * 4 + 4 * C
+
+
+def test_gpt2_small_published_counts():
+    gpt2 = dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)
+    tied = count_params(GPTConfig(**gpt2, tying="tied"))
+    untied = count_params(GPTConfig(**gpt2, tying="untied"))
+    assert tied["total"] == 124_439_808
+    assert untied["total"] - tied["total"] == 50257 * 768
+
+
+def test_tied_shares_one_tensor():
+    model = GPT(config("tied"))
+    emb = model.emb
+    assert emb.input_matrix() is emb.output_matrix() is emb.wte
+    assert sum(p.shape == (V, C) for p in model.parameters()) == 1
+    # Both paths reach the one tensor: rows of tokens absent from the input get gradient through the logits.
+    idx = torch.zeros(2, T, dtype=torch.long)
+    model(idx, idx).backward()
+    assert emb.wte.grad[1:].abs().sum() > 0
+
+
+def test_tie_survives_state_dict_round_trip(tmp_path):
+    from tiecli import checkpoint
+
+    model = GPT(config("tied"))
+    checkpoint.save(tmp_path / "m.pt", {"model": model.state_dict()})
+    loaded = GPT(config("tied"))
+    loaded.load_state_dict(checkpoint.load(tmp_path / "m.pt")["model"])
+    assert torch.equal(loaded.emb.wte, model.emb.wte)
+    assert loaded.emb.output_matrix() is loaded.emb.input_matrix()
+
+
+def test_untied_init_starts_equal_but_separate():
+    emb = GPT(config("untied_init")).emb
+    assert torch.equal(emb.lm_head, emb.wte)
+    assert emb.lm_head.data_ptr() != emb.wte.data_ptr()
+    assert not torch.equal(GPT(config("untied")).emb.lm_head, GPT(config("untied")).emb.wte)
+
+
+def test_hybrid_starts_at_the_input_embedding():
+    emb = GPT(config("hybrid", rank=4)).emb
+    assert torch.equal(emb.output_matrix(), emb.input_matrix())
+    with torch.no_grad():
+        emb.lm_u.add_(1.0)
+    assert not torch.equal(emb.output_matrix(), emb.input_matrix())
+
+
+def test_partial_shares_the_first_dimensions():
+    emb = GPT(config("partial", shared_fraction=0.5)).emb
+    w_in, w_out = emb.input_matrix(), emb.output_matrix()
+    assert torch.equal(w_in[:, : C // 2], w_out[:, : C // 2])
+    assert not torch.equal(w_in[:, C // 2 :], w_out[:, C // 2 :])
+
+
+def test_scaled_and_bias_change_the_logits_as_documented():
+    torch.manual_seed(0)
+    tied = GPT(config("tied"))
+    x = torch.randn(2, 3, C)
+    scaled = GPT(config("scaled", scale_logits=True, scale_inputs=True))
+    scaled.load_state_dict(tied.state_dict())
+    assert torch.allclose(scaled.emb.decode(x), tied.emb.decode(x) / math.sqrt(C))
+    idx = torch.tensor([[1, 2, 3]])
+    assert torch.allclose(scaled.emb.encode(idx), tied.emb.encode(idx) * math.sqrt(C))
+    biased = GPT(config("tied_bias"))
+    biased.load_state_dict({**tied.state_dict(), "emb.lm_bias": torch.arange(V, dtype=torch.float)}, strict=True)
+    assert torch.allclose(biased.emb.decode(x), tied.emb.decode(x) + torch.arange(V))
+
+
+@pytest.mark.parametrize("mode", TYING_MODES)
+def test_every_mode_learns(mode):
+    torch.manual_seed(0)
+    model = GPT(config(mode))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    idx = torch.randint(0, V, (4, T + 1))
+    losses = []
+    for _ in range(30):
+        loss = model(idx[:, :-1], idx[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(math.log(V), abs=0.3)  # small init: near-uniform predictions
+    assert losses[-1] < losses[0] - 1.0
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="tying mode 'glued'"):
+        config("glued")
+    with pytest.raises(ValueError, match="not divisible"):
+        GPTConfig(n_embd=30, n_head=4)
+    with pytest.raises(ValueError, match="shared_fraction"):
+        config("partial", shared_fraction=1.5)

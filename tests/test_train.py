@@ -1,0 +1,127 @@
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from conftest import TINY
+from tiecli import config, rundir, train
+from tiecli.errors import TiecliError
+
+
+def setup(*overrides):
+    cfg, choices = config.compose([*TINY, *overrides])
+    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: "overrides: []\n"}
+    return config.to_config(cfg), files
+
+
+def metrics(run_dir):
+    return rundir.read_jsonl(run_dir / rundir.METRICS)
+
+
+def test_a_run_writes_a_self_describing_directory(tmp_path):
+    cfg, files = setup()
+    summary = train.train(cfg, tmp_path / "run", False, files)
+    run = tmp_path / "run"
+    assert summary == rundir.read_json(run / rundir.SUMMARY)
+    assert summary["status"] == "completed" and summary["step"] == 12 and summary["tokens"] == 12 * 4 * 32
+    assert summary["params"]["total"] > 0 and summary["versions"]["torch"] == torch.__version__
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [0, 3, 6, 9, 12]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "tokens"} <= rows[1].keys()
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 6, 12]
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"]
+    evals = rundir.read_json(run / rundir.EVAL)
+    assert evals["val"]["step"] == 12 and summary["final_val"]["loss"] == evals["val"]["loss"]
+    assert (run / rundir.CHECKPOINT).is_file() and (run / rundir.INIT_CHECKPOINT).is_file()
+
+
+def interrupt_at_batch(monkeypatch, n):
+    """Send ourselves SIGINT while the n-th batch is drawn, as a user's Ctrl-C would arrive mid-step."""
+    calls = {"n": 0}
+    real = train.get_batch
+
+    def get_batch(*args):
+        calls["n"] += 1
+        if calls["n"] == n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args)
+
+    monkeypatch.setattr(train, "get_batch", get_batch)
+
+
+@pytest.mark.parametrize("extra", [[], ["model.dropout=0.1", "train.grad_accum=2"]])
+def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch, extra):
+    cfg, files = setup(*extra)
+    whole = train.train(cfg, tmp_path / "whole", False, files)
+
+    interrupt_at_batch(monkeypatch, 5 * cfg.train.grad_accum)  # during step 5, between checkpoints
+    with pytest.raises(train.Interrupted, match="interrupted at step 5/12"):
+        train.train(cfg, tmp_path / "split", False, files)
+    stopped = rundir.read_json(tmp_path / "split" / rundir.SUMMARY)
+    assert stopped["status"] == "interrupted" and stopped["step"] == 5
+    monkeypatch.undo()
+    # As if the process had been killed later: lines past the checkpoint, the last one torn.
+    rundir.append_jsonl(tmp_path / "split" / rundir.METRICS, {"step": 6, "loss": 0.0})
+    with open(tmp_path / "split" / rundir.METRICS, "a") as f:
+        f.write('{"step": 7, "lo')
+
+    resumed = train.train(cfg, tmp_path / "split", True, files)
+    assert resumed["final_val"] == whole["final_val"]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]  # noqa: E731
+    assert strip(metrics(tmp_path / "split")) == strip(metrics(tmp_path / "whole"))
+    a = torch.load(tmp_path / "whole" / rundir.CHECKPOINT, weights_only=True)["model"]
+    b = torch.load(tmp_path / "split" / rundir.CHECKPOINT, weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_failing_run_is_marked_failed(tmp_path, monkeypatch):
+    cfg, files = setup()
+    calls = {"n": 0}
+    real = train.get_batch
+
+    def broken(*args):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("disk on fire")
+        return real(*args)
+
+    monkeypatch.setattr(train, "get_batch", broken)
+    with pytest.raises(RuntimeError):
+        train.train(cfg, tmp_path / "run", False, files)
+    summary = json.loads((tmp_path / "run" / rundir.SUMMARY).read_text())
+    assert summary["status"] == "failed" and summary["error"] == "RuntimeError: disk on fire"
+    assert summary["step"] == 3
+
+
+def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
+    cfg, files = setup()
+    run = tmp_path / "run"
+    train.train(cfg, run, False, files)
+    (run / rundir.CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(TiecliError) as e:
+        train.train(cfg, run, True, files)
+    assert "is corrupt or unreadable" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_learning_rate_schedule():
+    t = config.TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert train.lr_at(0, t, 110) == pytest.approx(0.1)
+    assert train.lr_at(9, t, 110) == pytest.approx(1.0)
+    assert train.lr_at(60, t, 110) == pytest.approx(0.55)
+    assert train.lr_at(110, t, 110) == pytest.approx(0.1)
+
+
+def test_embeddings_can_be_exempt_from_weight_decay():
+    from tiecli.model import GPT
+
+    cfg, _ = setup("tying=untied")
+    model = GPT(cfg.model)
+    decayed = lambda opt: {id(p) for p in opt.param_groups[0]["params"]}  # noqa: E731
+    with_emb = decayed(train.make_optimizer(model, cfg.train, torch.device("cpu")))
+    cfg.train.decay_embeddings = False
+    without = decayed(train.make_optimizer(model, cfg.train, torch.device("cpu")))
+    assert id(model.emb.wte) in with_emb and id(model.emb.wte) not in without
+    assert id(model.h[0].attn.c_attn.weight) in without
+    assert all(p.dim() >= 2 for p in model.parameters() if id(p) in with_emb)
