@@ -55,7 +55,7 @@ def test_gpt2_small_published_counts():
 def test_tied_shares_one_tensor():
     model = GPT(config("tied"))
     emb = model.emb
-    assert emb.input_matrix() is emb.output_matrix() is emb.wte
+    assert emb.input_matrix().data_ptr() == emb.output_matrix().data_ptr() == emb.wte.data_ptr()
     assert sum(p.shape == (V, C) for p in model.parameters()) == 1
     # Both paths reach the one tensor: rows of tokens absent from the input get gradient through the logits.
     idx = torch.zeros(2, T, dtype=torch.long)
@@ -71,7 +71,7 @@ def test_tie_survives_state_dict_round_trip(tmp_path):
     loaded = GPT(config("tied"))
     loaded.load_state_dict(checkpoint.load(tmp_path / "m.pt")["model"])
     assert torch.equal(loaded.emb.wte, model.emb.wte)
-    assert loaded.emb.output_matrix() is loaded.emb.input_matrix()
+    assert loaded.emb.output_matrix().data_ptr() == loaded.emb.input_matrix().data_ptr() == loaded.emb.wte.data_ptr()
 
 
 def test_untied_init_starts_equal_but_separate():

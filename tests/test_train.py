@@ -28,7 +28,8 @@ def test_a_run_writes_a_self_describing_directory(tmp_path):
     assert summary["status"] == "completed" and summary["step"] == 12 and summary["tokens"] == 12 * 4 * 32
     assert summary["params"]["total"] > 0 and summary["versions"]["torch"] == torch.__version__
     rows = metrics(run)
-    assert [r["step"] for r in rows] == [0, 3, 6, 9, 12]
+    assert [r["step"] for r in rows] == [0, 3, 6, 9, 10, 12]  # every log_interval, plus diag.every=10
+    assert "grad_cos" in rows[4] and "grad_cos" not in rows[3]
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "tokens"} <= rows[1].keys()
     assert [r["step"] for r in rows if "val_loss" in r] == [0, 6, 12]
     assert rows[-1]["val_loss"] < rows[0]["val_loss"]
@@ -71,6 +72,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
     assert resumed["final_val"] == whole["final_val"]
     strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]  # noqa: E731
     assert strip(metrics(tmp_path / "split")) == strip(metrics(tmp_path / "whole"))
+    assert rundir.read_json(tmp_path / "split" / rundir.GEOMETRY) == rundir.read_json(tmp_path / "whole" / rundir.GEOMETRY)
     a = torch.load(tmp_path / "whole" / rundir.CHECKPOINT, weights_only=True)["model"]
     b = torch.load(tmp_path / "split" / rundir.CHECKPOINT, weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)

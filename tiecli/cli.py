@@ -68,6 +68,8 @@ def train(
 
         summary = train_run(run_config, path, resume, files)
         console.print(display.summary_table(summary))
+        if (path / rundir.GEOMETRY).exists():
+            console.print(display.geometry_table(rundir.read_json(path / rundir.GEOMETRY)[-1], f"geometry at step {summary['step']}"))
         console.print(f"run directory: {path}")
 
 
@@ -116,6 +118,29 @@ def info(
         console.print(display.params_table(counts, f"parameters ({', '.join(f'{k}={v}' for k, v in choices.items())})"))
 
 
+@app.command()
+def geometry(
+    run: Annotated[Path, typer.Argument(help="A run directory")],
+    step: Annotated[str, typer.Option(help="latest (the last checkpoint), init (step 0), or a step with a snapshot in checkpoints/emb/")] = "latest",
+    pairs: Annotated[Path | None, typer.Option(help="Related word forms: a UTF-8 file, one tab-separated pair a line (default: the run's diag.pairs)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the entry as JSON instead of a table")] = False,
+    write: Annotated[bool, typer.Option("--write", help="Also record the entry in the run's geometry.json (replacing one for the same step)")] = False,
+):
+    """Recompute the geometry of a run's token matrices from its checkpoint.
+
+    Example: tiecli geometry runs/micro-untied-bpe4096-shakespeare-s0 --pairs ru_pairs.tsv
+    """
+    with user_errors():
+        run_config = load_run_config(run)
+        from tiecli.diagnostics import geometry_of_run
+
+        entry = geometry_of_run(run, run_config, step, str(pairs) if pairs else None, write)
+        if as_json:
+            print(json.dumps(entry, indent=2))
+        else:
+            console.print(display.geometry_table(entry, f"{run.name}: geometry at step {entry['step']}"))
+
+
 def load_run_config(run: Path) -> "config.Config":
     if not rundir.is_run_dir(run):
         raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.CONFIG})")
@@ -124,3 +149,29 @@ def load_run_config(run: Path) -> "config.Config":
     except ConfigError as e:
         raise TiecliError(f"{str(run / rundir.CONFIG)!r} is not a valid tiecli config: {e}") from None
 
+
+@app.command()
+def sweep(
+    overrides: Overrides = None,
+    name: Annotated[str | None, typer.Option(help="Sweep name: its folder is <runs-dir>/sweeps/<name> (default: the study name, or built from the overrides)")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Jobs to run at once")] = 1,
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder whose sweeps/ subfolder holds the sweep")] = Path("runs"),
+    config_dir: ConfigDir = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the jobs and their run directories; run and write nothing")] = False,
+):
+    """Train every combination of the swept overrides (a,b,c, range(0,3), glob(*), study=NAME), one process per job.
+
+    Re-running the same sweep skips completed jobs, resumes interrupted ones and retries failed ones.
+
+    Example: tiecli sweep model=nano,micro tying=tied,untied seed=0,1,2
+    """
+    with user_errors():
+        from tiecli import sweep as sweeps
+
+        sweep_dir, manifest = sweeps.plan(overrides or [], config_dir, runs_dir, name)
+        if dry_run:
+            for line in sweeps.dry_run_lines(sweep_dir, manifest):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
+            return
+        code = sweeps.run(sweep_dir, manifest, jobs, console)
+    raise typer.Exit(code)

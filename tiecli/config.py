@@ -79,12 +79,22 @@ class EvalConfig:
 
 
 @dataclass
+class DiagConfig:
+    every: int = 10
+    geometry: bool = True
+    snapshots: bool = True
+    pairs: str | None = None
+    seed: int = 0
+
+
+@dataclass
 class Config:
     model: GPTConfig
     train: TrainConfig
     data: DataConfig
     tokenizer: TokenizerConfig
     eval: EvalConfig
+    diag: DiagConfig
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
@@ -214,6 +224,7 @@ def to_config(cfg: DictConfig) -> Config:
         data=_convert(DataConfig, cfg.data, "data"),
         tokenizer=_convert(TokenizerConfig, cfg.tokenizer, "tokenizer"),
         eval=_convert(EvalConfig, cfg.eval, "eval"),
+        diag=_convert(DiagConfig, cfg.diag, "diag"),
         model=_gpt_config(cfg),
     )
     _validate(config)
@@ -252,6 +263,7 @@ def _validate(c: Config) -> None:
     need(0 < c.data.val_fraction and 0 < c.data.test_fraction and fractions < 1,
          f"data.val_fraction={c.data.val_fraction} and data.test_fraction={c.data.test_fraction} must be > 0 and sum below 1")
     need(c.data.n_blocks >= 3, f"data.n_blocks={c.data.n_blocks} must be at least 3 (train, val, test)")
+    need(c.diag.every >= 0, f"diag.every={c.diag.every} must be >= 0 (0 turns the gradient statistics off)")
     b = c.eval.buckets
     need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
 

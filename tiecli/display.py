@@ -57,3 +57,42 @@ def summary_table(summary: dict) -> Table:
     for label, value in rows:
         table.add_row(label, value)
     return table
+
+
+GEOMETRY_ROWS = (
+    ("norm_mean", "row norm, mean"),
+    ("norm_freq_spearman", "norm vs log frequency (Spearman)"),
+    ("anisotropy", "anisotropy (random-pair cosine)"),
+    ("cosine_to_mean", "cosine to the mean row"),
+    ("isotropy", "isotropy (Mu & Viswanath)"),
+    ("effective_rank", "effective rank"),
+    ("stable_rank", "stable rank"),
+    ("top_share", "top singular value share"),
+    ("drift", "drift from init"),
+    ("drift_rare", "drift from init, rare tokens"),
+    ("forms_cosine", "related forms: pair cosine"),
+    ("forms_random_cosine", "related forms: random-pair cosine"),
+)
+AGREEMENT_ROWS = (("row_cosine", "input/output cosine per token"), ("knn_overlap", "10-NN overlap"), ("cka", "linear CKA"))
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def geometry_table(entry: dict, title: str) -> Table:
+    """One geometry.json entry: a column per side (one when tied), then input/output agreement."""
+    sides = [("input = output", entry["input"])] if entry["tied"] else [("input", entry["input"]), ("output", entry["output"])]
+    table = Table(title=f"{title}: {entry['n_tokens']:,} tokens that occur in training")
+    table.add_column("geometry")
+    for name, _ in sides:
+        table.add_column(name, justify="right")
+    for key, label in GEOMETRY_ROWS:
+        if any(key in side for _, side in sides):
+            table.add_row(label, *(_num(side.get(key)) for _, side in sides))
+    if "forms_n_pairs" in entry["input"]:
+        table.add_row("related forms: pairs used", *(str(side["forms_n_pairs"]) for _, side in sides))
+    for key, label in AGREEMENT_ROWS:
+        if entry["agreement"]:
+            table.add_row(label, _num(entry["agreement"][key]), *[""] * (len(sides) - 1))
+    return table

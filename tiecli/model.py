@@ -64,9 +64,11 @@ class Embeddings(nn.Module):
       hybrid               wte (V, C) shared, lm_u (V, r) and lm_v (r, C) output: W_out = wte + lm_u @ lm_v
     `roles` maps each parameter name to "input", "output" or "shared".
 
-    When `record_grads` is on, each use of the shared matrix goes through its own view with a
-    hook, so one backward pass yields its input-path and output-path gradients separately in
-    `grads` ("in", "out"); they sum to wte.grad. The views cost nothing when it is off.
+    Each use of a shared matrix goes through its own view. When `record_grads` is on, a hook on
+    each view keeps its gradient, so the one backward pass that trains the model also yields the
+    input-path and output-path gradients separately in `grads` ("in", "out"); they sum to wte.grad.
+    The views are always there (they cost nothing), so the autograd graph and hence every number
+    is the same with the diagnostics on or off.
     """
 
     def __init__(self, config: GPTConfig):
@@ -115,10 +117,12 @@ class Embeddings(nn.Module):
         return "shared" in self.roles.values()
 
     def _wte(self, side: str) -> torch.Tensor:
-        """wte as used on one side ("in" or "out"); a hooked view while gradients are recorded."""
-        if not (self.record_grads and self.shared and torch.is_grad_enabled()):
+        """wte as used on one side ("in" or "out"): a view of it, hooked while gradients are recorded."""
+        if not self.shared:
             return self.wte
         view = self.wte.view_as(self.wte)
+        if not (self.record_grads and view.requires_grad):
+            return view
 
         def keep(grad: torch.Tensor) -> None:
             # Summed over the micro-batches of one optimizer step, like wte.grad itself.

@@ -7,7 +7,9 @@ runs/<name>/
   metrics.jsonl    one JSON object per logged step (train metrics; val metrics at eval steps)
   summary.json     status (running/completed/failed/interrupted), parameter counts, final metrics, versions
   eval.json        full-split evaluations by split, from `tiecli train` and `tiecli eval`
-  checkpoints/     last.pt (model, optimizer, RNG and data position), init.pt (embeddings at step 0)
+  geometry.json    geometry of the token matrices, one entry per measured step
+  checkpoints/     last.pt (model, optimizer, RNG and data position), init.pt (token matrices at
+                   step 0), emb/step_N.pt (token matrices at each geometry step)
 
 Every file is written to a temporary name in the same folder and renamed into place, so a crash
 or Ctrl-C leaves either the old file or the new one, never half of one.
@@ -21,8 +23,10 @@ from pathlib import Path
 from tiecli.errors import TiecliError
 
 CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = "config.yaml", "overrides.yaml", "metrics.jsonl", "summary.json", "eval.json"
+GEOMETRY = "geometry.json"
 CHECKPOINT = Path("checkpoints") / "last.pt"
 INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
+SNAPSHOTS = Path("checkpoints") / "emb"
 
 
 def run_path(runs_dir: Path, name: str) -> Path:
@@ -82,10 +86,19 @@ def append_jsonl(path: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the lines up to last_step: on resume, later lines are about to be produced again."""
-    rows = [r for r in read_jsonl(path) if r.get("step", 0) <= last_step]
-    atomic_write(path, "".join(json.dumps(r) + "\n" for r in rows))
+def truncate_after(run_dir: Path, last_step: int) -> None:
+    """Forget what a run recorded after last_step (-1: everything): a resume is about to redo it."""
+    run_dir = Path(run_dir)
+    if (run_dir / METRICS).exists():
+        rows = [r for r in read_jsonl(run_dir / METRICS) if r["step"] <= last_step]
+        atomic_write(run_dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+    if (run_dir / GEOMETRY).exists():
+        write_json(run_dir / GEOMETRY, [e for e in read_json(run_dir / GEOMETRY) if e["step"] <= last_step])
+    for snapshot in (run_dir / SNAPSHOTS).glob("step_*.pt"):
+        if int(snapshot.stem.removeprefix("step_")) > last_step:
+            snapshot.unlink()
+    if last_step < 0:
+        (run_dir / EVAL).unlink(missing_ok=True)
 
 
 def is_run_dir(path: Path) -> bool:

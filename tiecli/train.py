@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 import tiecli
-from tiecli import checkpoint, rundir
+from tiecli import checkpoint, diagnostics, rundir
 from tiecli.config import Config, TrainConfig
 from tiecli.data import get_batch, load_corpus
 from tiecli.errors import TiecliError
@@ -98,7 +98,8 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
     optimizer = make_optimizer(model, config.train, device)
     sampler = torch.Generator().manual_seed(config.seed)
     max_steps = config.max_steps
-    t = config.train
+    t, d = config.train, config.diag
+    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, d.pairs) if d.geometry else ([], {})
 
     ckpt_path = run_dir / rundir.CHECKPOINT
     # Everything a checkpoint must carry besides weights, optimizer and RNG to resume exactly.
@@ -113,14 +114,17 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
         if device.type == "cuda" and "cuda" in ckpt["rng"]:
             torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
         state = ckpt["state"]
-        rundir.truncate_jsonl(run_dir / rundir.METRICS, state["step"])
+        rundir.truncate_after(run_dir, state["step"])
         console.print(f"resuming {run_dir.name} from step {state['step']}")
     else:
-        for name in (rundir.METRICS, rundir.EVAL):
-            (run_dir / name).unlink(missing_ok=True)
+        rundir.truncate_after(run_dir, -1)
         for name, text in files.items():
             rundir.atomic_write(run_dir / name, text)
         checkpoint.save(run_dir / rundir.INIT_CHECKPOINT, {"emb": model.emb.state_dict()})
+    # The token matrices at step 0, for drift: read back from disk, so they survive --resume.
+    emb0 = diagnostics.embeddings_from_state(checkpoint.load(run_dir / rundir.INIT_CHECKPOINT)["emb"], config.model)
+    geometry_log = rundir.read_json(run_dir / rundir.GEOMETRY) if (run_dir / rundir.GEOMETRY).exists() else []
+    buckets_t = torch.from_numpy(buckets.astype("int64")).to(device)
 
     raw_model = model
     if config.compile:
@@ -153,8 +157,17 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
         state["wall_time"] = wall_before + time.perf_counter() - session_start
         checkpoint.save(ckpt_path, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "state": state})
 
-    def val_subset() -> dict:
-        return evaluate(model, corpus, "val", buckets, device, autocast, limit=t.eval_batches * t.batch_size)
+    def val_subset() -> dict:  # the eager model: a compiled one would recompile for eval's shapes
+        return evaluate(raw_model, corpus, "val", buckets, device, autocast, limit=t.eval_batches * t.batch_size)
+
+    def record_geometry(step: int) -> None:
+        if not d.geometry:
+            return
+        entry = diagnostics.embedding_geometry(raw_model.emb, emb0, corpus.counts, buckets, pairs, pairs_info, d.seed)
+        geometry_log.append({"step": step, **entry})
+        rundir.write_json(run_dir / rundir.GEOMETRY, geometry_log)
+        if d.snapshots:
+            checkpoint.save(run_dir / rundir.SNAPSHOTS / f"step_{step}.pt", {"emb": raw_model.emb.state_dict()})
 
     def finish(status: str, **fields) -> None:
         state["wall_time"] = wall_before + time.perf_counter() - session_start
@@ -169,6 +182,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
             task = progress.add_task(run_dir.name, total=max_steps, completed=state["step"], loss=float("nan"), tps=0.0)
             if state["step"] == 0:
                 _log(run_dir, state, {"step": 0, "tokens": 0, "lr": 0.0}, val_subset())
+                record_geometry(0)
             loss_acc = torch.tensor(state["loss_sum"], device=device)  # train loss summed since the last log line
             interval_start, interval_tokens = time.perf_counter(), 0
             while state["step"] < max_steps and not stop.requested:
@@ -176,13 +190,21 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
                 lr = lr_at(state["step"], t, max_steps)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                diag_now = d.every > 0 and (state["step"] + 1) % d.every == 0
+                raw_model.emb.record_grads, raw_model.emb.grads = diag_now, {}
+                present = torch.zeros(config.model.vocab_size, dtype=torch.bool, device=device)  # tokens in the inputs
                 for _ in range(t.grad_accum):
                     x, y = get_batch(corpus.tokens["train"], t.batch_size, config.model.block_size, sampler)
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    if diag_now:
+                        present[x.flatten()] = True
                     with autocast():
                         loss = model(x, y) / t.grad_accum
                     loss.backward()
                     loss_acc += loss.detach().float()
+                # Before clipping: the statistics describe the raw gradients that tying would sum.
+                diag = diagnostics.interference(*diagnostics.gradient_paths(raw_model.emb), present, buckets_t) if diag_now else {}
+                raw_model.emb.grads = {}
                 grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), t.grad_clip or float("inf"))
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -195,11 +217,13 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
 
                 step = state["step"]
                 at_eval = step % t.eval_interval == 0 or step == max_steps
-                if step % t.log_interval == 0 or at_eval:
+                if step % t.log_interval == 0 or at_eval or diag:
                     tps = interval_tokens / (time.perf_counter() - interval_start)
                     row = {"step": step, "tokens": state["tokens"], "loss": loss_acc.item() / state["loss_n"],
-                           "lr": lr, "grad_norm": grad_norm.item(), "tokens_per_s": tps}
+                           "lr": lr, "grad_norm": grad_norm.item(), "tokens_per_s": tps, **diag}
                     _log(run_dir, state, row, val_subset() if at_eval else None)
+                    if at_eval:
+                        record_geometry(step)
                     progress.update(task, loss=row["loss"], tps=tps)
                     loss_acc.zero_()
                     state["loss_n"] = 0
@@ -211,7 +235,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
         if stopped:
             finish("interrupted")
             raise Interrupted(f"interrupted at step {state['step']}/{max_steps}; checkpoint saved, continue with --resume")
-        final = evaluate(model, corpus, "val", buckets, device, autocast)
+        final = evaluate(raw_model, corpus, "val", buckets, device, autocast)
         final["step"] = state["step"]
         evals = rundir.read_json(run_dir / rundir.EVAL) if (run_dir / rundir.EVAL).exists() else {}
         rundir.write_json(run_dir / rundir.EVAL, {**evals, "val": final})

@@ -1,0 +1,99 @@
+# python benchmarks/throughput.py [--models nano,micro,tiny] [--steps 200] [OVERRIDES...]
+"""Training throughput of tiecli's loop against a bare reference loop, and model-FLOPs utilisation.
+
+For each model size, on this machine, in one process:
+  reference  the same GPT, batches already in memory, forward/backward/clip/AdamW and nothing else;
+  tiecli     tiecli.train.train() as `tiecli train` runs it (data sampling, logging, progress bar,
+             checkpoints), its tokens/s read from metrics.jsonl over the intervals after warm-up.
+The runner's overhead is 1 - tiecli / reference (target: under 5%). MFU divides the model's
+training FLOPs per second (6 x matmul parameters + attention, per token) by the fp32 matmul
+throughput measured here, so it needs no vendor peak figure.
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from tiecli import config, rundir
+from tiecli.data import load_corpus
+from tiecli.model import GPT
+from tiecli.train import make_optimizer, train
+
+
+def matmul_flops(n: int = 1024, repeats: int = 20) -> float:
+    """Best fp32 matmul FLOP/s of a few square sizes: the machine's practical peak."""
+    best = 0.0
+    for size in (n // 2, n, 2 * n):
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = max(best, 2 * size**3 * repeats / (time.perf_counter() - start))
+    return best
+
+
+def flops_per_token(cfg: config.Config, counts: dict) -> float:
+    """6N for the matmul parameters (non-embedding + output matrix) plus attention's 12 L T C (PaLM appendix B)."""
+    m = cfg.model
+    matmul_params = counts["non_embedding"] + m.vocab_size * m.n_embd
+    return 6 * matmul_params + 12 * m.n_layer * m.block_size * m.n_embd
+
+
+def reference_tokens_per_s(cfg: config.Config, tokens: torch.Tensor, steps: int, warmup: int = 5) -> float:
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model)
+    opt = make_optimizer(model, cfg.train, torch.device("cpu"))
+    B, T = cfg.train.batch_size, cfg.model.block_size
+    starts = torch.randint(len(tokens) - T - 1, (steps + warmup, B))
+    batches = [torch.stack([tokens[s : s + T + 1] for s in row]) for row in starts]
+    for i, batch in enumerate(batches):
+        if i == warmup:
+            start = time.perf_counter()
+        loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return steps * B * T / (time.perf_counter() - start)
+
+
+def tiecli_tokens_per_s(cfg: config.Config, files: dict, steps: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg, Path(tmp) / "run", False, files)
+        rows = rundir.read_jsonl(Path(tmp) / "run" / rundir.METRICS)
+    rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
+    return statistics.mean(rates[1:])  # the first interval holds the warm-up
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="nano,micro,tiny")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("overrides", nargs="*", help="extra tiecli overrides, e.g. tokenizer=gpt2")
+    args = parser.parse_args()
+
+    peak = matmul_flops()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s")
+    header = f"{'model':<8}{'params':>12}{'reference tok/s':>18}{'tiecli tok/s':>15}{'overhead':>10}{'MFU':>8}"
+    print(header)
+    for name in args.models.split(","):
+        overrides = [f"model={name}", f"train.max_steps={args.steps}", f"train.eval_interval={args.steps}", *args.overrides]
+        cfg_node, _ = config.compose(overrides)
+        cfg = config.to_config(cfg_node)
+        files = {rundir.CONFIG: config.to_yaml(cfg_node)}
+        corpus = load_corpus(cfg.data, cfg.tokenizer)
+        tokens = torch.from_numpy(corpus.tokens["train"].astype("int64"))
+        ref = reference_tokens_per_s(cfg, tokens, steps=min(args.steps, 50))
+        ours = tiecli_tokens_per_s(cfg, files, args.steps)
+        counts = GPT(cfg.model).param_counts()
+        mfu = flops_per_token(cfg, counts) * ours / peak
+        print(f"{name:<8}{counts['total']:>12,}{ref:>18,.0f}{ours:>15,.0f}{1 - ours / ref:>10.1%}{mfu:>8.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Known answers for tiecli.geometry: hand-built matrices whose geometry is known in advance."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tiecli import geometry
+from tiecli.errors import TiecliError
+
+N, C = 2000, 32  # small enough that every test runs in milliseconds
+
+
+def gaussian(seed, n=N, c=C, scale=1.0):
+    return torch.randn(n, c, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def ones(n=N):
+    return np.ones(n, dtype=np.int64)
+
+
+# -----------------------------------------------------------------------------
+# anisotropy, isotropy, row norms
+
+
+def test_isotropic_gaussian_reads_isotropic():
+    W = gaussian(0, scale=0.02)  # the models' init scale
+    # Mu & Viswanath is scale-dependent: log Z(c) ~ log n + c.mean_row + s^2 lambda_c / 2, so
+    # 1 - I <~ 2 |mean_row| + s^2 (lambda_max - lambda_min) / 2 ~ 2 * 0.02 * sqrt(C/N) = 0.005.
+    assert geometry.isotropy(W, ones())["isotropy"] > 0.99
+    a = geometry.anisotropy(W, ones(), seed=0)
+    # 10k pair cosines with sd 1/sqrt(C) = 0.18: standard error 0.002, so 0.01 is 5 sigma
+    assert abs(a["anisotropy"]) < 0.01
+    # each row is 1/N of the mean row: E cos ~ (C/N) / (sqrt(C) sqrt(C/N)) = sqrt(1/N) ~ 0.022
+    assert abs(a["cosine_to_mean"]) < 0.05
+
+
+def test_isotropy_of_unit_gaussian_follows_sample_eigenvalue_spread():
+    W = gaussian(1)
+    # At unit scale a finite sample is measurably anisotropic: the eigenvalues of W^T W / N
+    # spread over about [0.76, 1.27] (Marchenko-Pastur), and I ~ exp(-(lam_max - lam_min) / 2).
+    lam = torch.linalg.eigvalsh(W.double().T @ W.double() / N)
+    predicted = math.exp(-(lam[-1] - lam[0]).item() / 2)
+    assert geometry.isotropy(W, ones())["isotropy"] == pytest.approx(predicted, abs=0.1)
+
+
+def test_common_vector_makes_a_narrow_cone():
+    common = torch.zeros(C)
+    common[3] = 100.0
+    W = gaussian(2) + common  # (N, C) every row ~ the same direction
+    a = geometry.anisotropy(W, ones(), seed=0)
+    assert a["anisotropy"] > 0.99  # cos ~ 100^2 / (100^2 + C)
+    assert a["cosine_to_mean"] > 0.99
+    assert geometry.isotropy(W, ones())["isotropy"] < 1e-6  # Z(+common) / Z(-common) ~ e^-200
+
+
+def test_isotropy_survives_huge_norms():
+    W = gaussian(3) * 1e4  # exp(c . w) overflows float64 without logsumexp
+    iso = geometry.isotropy(W, ones())["isotropy"]
+    assert 0.0 <= iso < 1e-3 and math.isfinite(iso)
+
+
+def test_spearman_hand_computed_with_ties():
+    # ranks x = [1, 2.5, 2.5, 4], y = [1, 3, 2, 4]; centred x = [-1.5, 0, 0, 1.5],
+    # y = [-1.5, .5, -.5, 1.5]: rho = 4.5 / sqrt(4.5 * 5) = sqrt(0.9)
+    assert geometry.spearman([1, 2, 2, 3], [10, 30, 20, 40]) == pytest.approx(math.sqrt(0.9))
+    assert geometry.spearman([3, 1, 2], [30, 10, 20]) == pytest.approx(1.0)
+    assert geometry.spearman([1, 1, 1], [1, 2, 3]) is None  # constant side: undefined
+
+
+def test_row_norms():
+    W = torch.tensor([[3.0, 4.0], [0.0, 1.0], [2.0, 0.0], [0.0, 4.0]])  # norms 5, 1, 2, 4
+    counts = np.array([9, 1, 1, 5])
+    r = geometry.row_norms(W, counts)
+    assert r["n_tokens"] == 4
+    assert (r["norm_min"], r["norm_max"], r["norm_mean"]) == (1.0, 5.0, 3.0)
+    assert r["norm_std"] == pytest.approx(math.sqrt(2.5))  # population std of 5, 1, 2, 4
+    assert r["norm_freq_spearman"] == pytest.approx(geometry.spearman([5, 1, 2, 4], counts))
+
+
+# -----------------------------------------------------------------------------
+# spectrum
+
+
+def test_rank_one_matrix():
+    g = torch.Generator().manual_seed(4)
+    W = torch.outer(torch.randn(N, generator=g), torch.randn(C, generator=g))  # (N, C) rank 1
+    s = geometry.spectrum(W, ones())
+    # float32 rounding of the outer product leaves singular values ~1e-7 s_1
+    assert s["effective_rank"] == pytest.approx(1.0, abs=1e-4)
+    assert s["stable_rank"] == pytest.approx(1.0, abs=1e-9)
+    assert s["top_share"] == pytest.approx(1.0, abs=1e-5)
+    assert s["singular_values"][0] == pytest.approx(torch.linalg.matrix_norm(W, 2).item(), rel=1e-6)
+
+
+def test_orthogonal_matrix_has_full_effective_rank():
+    Q, _ = torch.linalg.qr(gaussian(5, n=C))  # (C, C) orthogonal: every singular value is 1
+    s = geometry.spectrum(Q * 3.0, ones(C))
+    assert s["effective_rank"] == pytest.approx(C)
+    assert s["stable_rank"] == pytest.approx(C)
+    assert s["top_share"] == pytest.approx(1 / C)
+    assert s["singular_values"] == pytest.approx([3.0] * C)
+
+
+def test_singular_values_are_capped_and_descending():
+    s = geometry.spectrum(gaussian(6), ones(), max_values=10)["singular_values"]
+    assert len(s) == 10 and s == sorted(s, reverse=True)
+    assert len(geometry.spectrum(gaussian(6, n=5), ones(5))["singular_values"]) == 5  # min(n, C)
+
+
+def test_zero_matrix_has_no_spectrum_shape():
+    s = geometry.spectrum(torch.zeros(10, C), ones(10))
+    assert s["effective_rank"] is None and s["stable_rank"] is None and s["top_share"] is None
+
+
+# -----------------------------------------------------------------------------
+# drift
+
+
+def test_drift():
+    W0 = gaussian(7)
+    buckets = np.zeros(N, dtype=np.int8)
+    buckets[N // 2 :] = 2  # no mid rows
+    same = geometry.drift(W0.clone(), W0, ones(), buckets)
+    assert same["drift"] == 0.0 and same["drift_frequent"] == 0.0 and same["drift_rare"] == 0.0
+    double = geometry.drift(2 * W0, W0, ones(), buckets)
+    assert double["drift"] == pytest.approx(1.0)
+    assert double["drift_frequent"] == pytest.approx(1.0)
+    assert double["drift_rare"] == pytest.approx(1.0)
+    assert double["drift_mid"] is None  # empty bucket
+
+
+def test_drift_per_bucket_and_zero_init():
+    W0 = torch.ones(4, 2)
+    W = torch.tensor([[1.0, 1.0], [1.0, 1.0], [4.0, 1.0], [1.0, 1.0]])  # only row 2 moved, by 3
+    r = geometry.drift(W, W0, ones(4), np.array([0, 1, 1, 2], dtype=np.int8))
+    assert r["drift"] == pytest.approx(3 / math.sqrt(8))
+    assert (r["drift_frequent"], r["drift_rare"]) == (0.0, 0.0)
+    assert r["drift_mid"] == pytest.approx(3 / 2)
+    zero_init = geometry.drift(W, torch.zeros(4, 2), ones(4), np.zeros(4, dtype=np.int8))
+    assert zero_init["drift"] is None  # relative to nothing: undefined, not infinite
+
+
+# -----------------------------------------------------------------------------
+# agreement
+
+
+def test_identical_spaces_agree_fully():
+    W = gaussian(8)
+    a = geometry.agreement(W, W.clone(), ones(), k=10, n_queries=300, seed=0)
+    assert a["row_cosine"] == pytest.approx(1.0)
+    assert a["knn_overlap"] == 1.0
+    assert a["cka"] == pytest.approx(1.0)
+    assert (a["knn_k"], a["knn_queries"], a["n_tokens"]) == (10, 300, N)
+
+
+def test_cka_ignores_rotation_and_sees_independence():
+    W = gaussian(9)
+    Q, _ = torch.linalg.qr(gaussian(10, n=C))  # (C, C) orthogonal
+    rotated = geometry.agreement(W, W @ Q, ones(), n_queries=100, seed=0)
+    assert rotated["cka"] == pytest.approx(1.0, abs=1e-6)
+    assert rotated["knn_overlap"] == pytest.approx(1.0, abs=0.01)  # cosines ignore rotation
+    assert abs(rotated["row_cosine"]) < 0.5  # but the rows themselves moved
+    independent = geometry.agreement(W, gaussian(11), ones(), n_queries=100, seed=0)
+    assert independent["cka"] < 0.05  # E[CKA] ~ C / N = 0.016 for independent Gaussians
+    assert independent["knn_overlap"] < 0.05  # chance: k / N
+
+
+# -----------------------------------------------------------------------------
+# related word forms
+
+
+def pair_matrix():
+    """Rows 0-5 hand-built (two pairs with cosine exactly 0.5), rows 6+ random."""
+    W = gaussian(12, n=200, c=4)
+    W[:6] = torch.tensor([
+        [1.0, 0.0, 0.0, 0.0],
+        [0.5, math.sqrt(3) / 2, 0.0, 0.0],  # cos(row 0, row 1) = 0.5
+        [0.0, 0.0, 2.0, 0.0],
+        [0.0, 0.0, 3.0, 3.0 * math.sqrt(3)],  # cos(row 2, row 3) = 0.5, other lengths
+        [0.0, 0.0, 0.0, 1.0],
+        [0.0, 1.0, 0.0, 0.0],
+    ])
+    return W
+
+
+def test_pair_contrast_known_cosines():
+    W, counts = pair_matrix(), ones(200)
+    counts[5] = 0
+    r = geometry.pair_contrast(W, [(0, 1), (2, 3), (4, 5)], counts, n_random=5000, seed=3)
+    assert r["forms_n_pairs"] == 2  # (4, 5) dropped: token 5 never occurs
+    assert r["forms_cosine"] == pytest.approx(0.5)
+    random = geometry.anisotropy(W, counts, n_pairs=5000, seed=3)["anisotropy"]
+    assert r["forms_random_cosine"] == pytest.approx(random)  # same sampler, same seed
+    assert r["forms_contrast"] == pytest.approx(0.5 - random)
+
+
+def test_pair_contrast_without_pairs():
+    r = geometry.pair_contrast(pair_matrix(), [], ones(200))
+    assert r["forms_n_pairs"] == 0
+    assert r["forms_cosine"] is None and r["forms_random_cosine"] is None
+    assert r["forms_contrast"] is None
+
+
+def test_english_form_pairs():
+    tokens = [
+        " walk", " walked", " walking", " walks",  # 0-3
+        " cat", " cats", " go", " going", " goes",  # 4-8
+        " make", " makes", " making", " try", " tried", " tries",  # 9-14
+        " stop", " stopped", " stopping", "walk", "walks",  # 15-19: bare pieces are ignored
+        " car", " care", " caring", " cared",  # 20-23: caring belongs to care, not car
+        " th", " thing", "er", "ers", None,  # 24-28: no vowel, too short, unknown
+        " box", " boxes", " Stop", " 123", " кот", " коты",  # 29-34
+    ]
+    expected = [
+        (0, 1), (0, 2), (0, 3), (4, 5), (6, 7), (6, 8), (9, 10), (9, 11), (12, 13), (12, 14),
+        (15, 16), (15, 17), (21, 22), (21, 23), (29, 30),
+    ]
+    assert geometry.english_form_pairs(tokens) == expected
+
+
+def test_english_form_pairs_without_leading_spaces():
+    tokens = ["walk", "walked", "cat", "cats", "er", "ers", "go", "goes", " 12", "ice", "iced"]
+    assert geometry.english_form_pairs(tokens) == [(0, 1), (2, 3), (9, 10)]  # "go" is too short
+
+
+def fake_encode(text):
+    """One token for known words, one token per character otherwise."""
+    vocab = {"кошка": 1, "кошки": 2, " кошка": 3, " кошки": 4, " идти": 5, " шел": 6, "cat": 7}
+    return [vocab[text]] if text in vocab else [100 + ord(ch) for ch in text]
+
+
+def test_read_pairs_file(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text(
+        "# related forms\n"
+        "\n"
+        "кошка\tкошки\n"  # single tokens both bare and spaced: two pairs
+        "идти\tшел\n"  # single tokens only with a leading space
+        "идти\tшагал\n"  # шагал is several tokens: skipped
+        "  # indented comment\n"
+        "кошка\tкошки\n"  # duplicate: kept once
+        "cat\tcat\n",  # one token with itself says nothing: skipped
+        encoding="utf-8",
+    )
+    pairs, skipped = geometry.read_pairs_file(path, fake_encode)
+    assert pairs == [(1, 2), (3, 4), (5, 6)]
+    assert skipped == 2
+
+
+@pytest.mark.parametrize("bad", ["кошка кошки\n", "a\tb\tc\n", "a\t\n"])
+def test_read_pairs_file_rejects_malformed_line(tmp_path, bad):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("# ok\nкошка\tкошки\n" + bad, encoding="utf-8")
+    with pytest.raises(TiecliError, match=rf"pairs\.tsv:3: "):
+        geometry.read_pairs_file(path, fake_encode)
+
+
+def test_read_pairs_file_missing(tmp_path):
+    with pytest.raises(TiecliError, match="pairs file"):
+        geometry.read_pairs_file(tmp_path / "nope.tsv", fake_encode)
+
+
+# -----------------------------------------------------------------------------
+# measure()
+
+
+def setup(seed=13, n=N):
+    W_in, W_out = gaussian(seed, n=n), gaussian(seed + 1, n=n)
+    counts = np.random.default_rng(seed).integers(0, 50, n)  # ~2% never occur
+    buckets = np.random.default_rng(seed).integers(0, 3, n).astype(np.int8)
+    return W_in, W_out, counts, buckets
+
+
+SIDE_KEYS = {
+    "norm_mean", "norm_std", "norm_min", "norm_max", "norm_freq_spearman",
+    "anisotropy", "cosine_to_mean", "isotropy",
+    "singular_values", "effective_rank", "stable_rank", "top_share",
+}
+DRIFT_KEYS = {"drift", "drift_frequent", "drift_mid", "drift_rare"}
+FORMS_KEYS = {"forms_n_pairs", "forms_cosine", "forms_random_cosine", "forms_contrast"}
+AGREEMENT_KEYS = {"row_cosine", "knn_overlap", "knn_k", "knn_queries", "cka"}
+
+
+def test_measure_untied_structure():
+    W_in, W_out, counts, buckets = setup()
+    r = geometry.measure(W_in, W_out, counts, buckets, W_in0=W_in * 0.5, pairs=[(0, 1), (2, 3)])
+    assert set(r) == {"n_tokens", "tied", "input", "output", "agreement"}
+    assert r["n_tokens"] == int((counts > 0).sum()) and r["tied"] is False
+    assert set(r["input"]) == SIDE_KEYS | DRIFT_KEYS | FORMS_KEYS
+    assert set(r["output"]) == SIDE_KEYS | FORMS_KEYS  # no W_out0: no drift
+    assert set(r["agreement"]) == AGREEMENT_KEYS
+    assert r["input"]["drift"] == pytest.approx(1.0)
+    assert r["input"]["forms_random_cosine"] == r["input"]["anisotropy"]
+    json.dumps(r, allow_nan=False)  # plain, finite, JSON-ready
+
+
+@pytest.mark.parametrize("same_object", [True, False])
+def test_measure_tied(same_object):
+    W, _, counts, buckets = setup()
+    W_out = W if same_object else W.clone()
+    r = geometry.measure(W, W_out, counts, buckets, W_in0=W * 0.5, W_out0=W * 0.25)
+    assert r["tied"] is True and r["agreement"] is None
+    assert set(r["input"]) == set(r["output"]) == SIDE_KEYS | DRIFT_KEYS
+    assert {k: r["input"][k] for k in SIDE_KEYS} == {k: r["output"][k] for k in SIDE_KEYS}
+    assert r["input"]["drift"] == pytest.approx(1.0)
+    assert r["output"]["drift"] == pytest.approx(3.0)  # each side keeps its own W0
+
+
+def test_unseen_tokens_do_not_count():
+    W_in, W_out, counts, buckets = setup()
+    unseen = torch.from_numpy(counts == 0)
+    assert unseen.any()
+    kwargs = dict(W_in0=W_in.clone(), W_out0=W_out.clone(), pairs=[(0, 1), (5, 9)], seed=1)
+    before = geometry.measure(W_in, W_out, counts, buckets, **kwargs)
+    W_in2, W_out2 = W_in.clone(), W_out.clone()
+    W_in2[unseen], W_out2[unseen] = 1e3, -7.0
+    assert geometry.measure(W_in2, W_out2, counts, buckets, **kwargs) == before
+
+
+def test_measure_is_deterministic_and_leaves_rng_and_inputs_alone():
+    W_in, W_out, counts, buckets = setup()
+    W_in = torch.nn.Parameter(W_in.to(torch.bfloat16))  # a live training parameter, low precision
+    copies = W_in.detach().clone(), W_out.clone()
+    torch.manual_seed(123)
+    state, np_state = torch.get_rng_state(), np.random.get_state()
+    first = geometry.measure(W_in, W_out, counts, buckets, pairs=[(0, 1)], seed=5)
+    second = geometry.measure(W_in, W_out, counts, buckets, pairs=[(0, 1)], seed=5)
+    assert first == second
+    assert torch.equal(torch.get_rng_state(), state)
+    assert np.random.get_state()[1].tolist() == np_state[1].tolist()
+    assert torch.equal(W_in.detach(), copies[0]) and torch.equal(W_out, copies[1])
+    assert W_in.grad is None
+    other = geometry.measure(W_in, W_out, counts, buckets, pairs=[(0, 1)], seed=6)
+    assert other["input"]["anisotropy"] != first["input"]["anisotropy"]
+
+
+def test_too_few_tokens():
+    with pytest.raises(ValueError, match="at least 2"):
+        geometry.row_norms(gaussian(0, n=3), np.array([0, 4, 0]))

@@ -1,0 +1,463 @@
+# Used by `tiecli train` (at every evaluation) and `tiecli geometry RUN`: the geometry of the token matrices.
+"""Geometry of the input and output embedding matrices.
+
+Pure functions over an input matrix W_in (V, C) (row i embeds token i) and an output matrix
+W_out (V, C) (logits = h @ W_out.T). They answer the geometric claims: drift from init (C2, C7),
+alignment of the two spaces (C7), related word forms pulled together or pushed apart (R3), and
+the cone / anisotropy picture of Gao et al. 2019.
+
+Conventions shared by every function:
+- Only tokens that occur in the training split are measured: `counts` (V,) holds training-split
+  token counts and rows with count > 0 are used. A never-seen row only moves by weight decay, and
+  would otherwise dominate every statistic with its initialisation.
+- `buckets` (V,) int8 holds 0 = frequent, 1 = mid, 2 = rare (see BUCKETS).
+- Inputs are never modified; any float dtype works; maths runs in float32, with float64 where
+  precision matters (Gram matrices, sums).
+- Results are dicts of plain Python floats / ints / lists / None, ready for JSON.
+- Sampling uses a private torch.Generator seeded from `seed`, never the global RNG: these run in
+  the middle of training and must not change it.
+"""
+
+import math
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from tiecli.data import BUCKETS
+from tiecli.errors import TiecliError
+
+N_PAIRS = 10_000  # random pairs per mean cosine: standard error = sd / 100 (4e-4 at C = 768)
+# k-NN query tokens. Each costs two (n, C) matvecs: 500 take ~0.7 s at n = 50257 on 2 cores,
+# and estimate the overlap to a standard error under 0.01.
+N_QUERIES = 500
+KNN_K = 10
+MAX_SINGULAR_VALUES = 256  # enough to plot a spectrum; the derived ranks use all of them
+_CHUNK = 4096  # rows per float64 Gram block: 25 MB instead of a 300 MB float64 copy
+_QUERY_BLOCK = 256  # k-NN queries per block: a (256, n) similarity block is 50 MB at n = 50257
+
+
+# -----------------------------------------------------------------------------
+# shared helpers
+
+
+def _occurring(counts):
+    """Token ids with count > 0, as a (n,) int64 numpy array."""
+    idx = np.flatnonzero(np.asarray(counts) > 0)
+    if len(idx) < 2:
+        raise ValueError(f"geometry needs at least 2 occurring tokens, got {len(idx)}")
+    return idx
+
+
+def _generator(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _gram64(a, b):
+    """a^T b in float64, one block of rows at a time."""
+    out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64)  # (C, C)
+    for i in range(0, a.shape[0], _CHUNK):
+        out += a[i : i + _CHUNK].double().T @ b[i : i + _CHUNK].double()
+    return out
+
+
+class _Rows:
+    """The occurring rows of one matrix, plus what several metrics share (computed once)."""
+
+    def __init__(self, W, idx):
+        self.x = W.detach()[torch.from_numpy(idx)].float()  # (n, C), a copy: W is never touched
+
+    @property
+    def n(self):
+        return self.x.shape[0]
+
+    @cached_property
+    def unit(self):
+        return torch.nn.functional.normalize(self.x, dim=1)  # (n, C)
+
+    @cached_property
+    def mean(self):
+        # by blocks: a float64 reduction down the columns of the whole matrix is ~15x slower
+        total = sum(block.sum(0, dtype=torch.float64) for block in self.x.split(_CHUNK))  # (C,)
+        return total / self.n
+
+    @cached_property
+    def gram(self):
+        return _gram64(self.x, self.x)  # (C, C) = x^T x
+
+    @cached_property
+    def eigh(self):
+        """Eigenvalues (ascending) and eigenvectors (columns) of x^T x, float64."""
+        return torch.linalg.eigh(self.gram)  # (C,), (C, C)
+
+    @cached_property
+    def centred_gram(self):
+        """(x - mean)^T (x - mean) = x^T x - n mean mean^T, float64 so the subtraction is exact
+        enough even when a large common vector dominates the rows."""
+        return self.gram - self.n * torch.outer(self.mean, self.mean)  # (C, C)
+
+
+def _pair_cosine(unit, i, j):
+    """Mean cosine of rows i[k] and j[k]; `unit` has unit rows."""
+    return (unit[i] * unit[j]).sum(1, dtype=torch.float64).mean().item()
+
+
+def _random_pair_cosine(rows, n_pairs, seed):
+    """Mean cosine of n_pairs uniform random pairs of distinct rows."""
+    g = _generator(seed)
+    i = torch.randint(rows.n, (n_pairs,), generator=g)
+    j = torch.randint(rows.n - 1, (n_pairs,), generator=g)
+    j += (j >= i).long()  # uniform over the other n - 1 rows, never i itself
+    return _pair_cosine(rows.unit, i, j)
+
+
+def _average_ranks(x):
+    """1-based ranks of x, tied values sharing the mean of their ranks:
+    [5, 1, 5] -> [2.5, 1, 2.5]."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    new = np.r_[True, xs[1:] != xs[:-1]]  # (n,) True where a tie group starts, in sorted order
+    starts = np.flatnonzero(new)
+    ends = np.r_[starts[1:], len(x)]
+    group = np.cumsum(new) - 1  # tie group of each sorted position
+    ranks = np.empty(len(x))
+    ranks[order] = ((starts + ends + 1) / 2)[group]  # mean of ranks starts+1 .. ends
+    return ranks
+
+
+def spearman(x, y):
+    """Spearman rank correlation with average ranks for ties: the Pearson correlation of the
+    ranks. None when either side is constant (undefined)."""
+    rx = _average_ranks(np.asarray(x, dtype=np.float64))
+    ry = _average_ranks(np.asarray(y, dtype=np.float64))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = math.sqrt((rx @ rx) * (ry @ ry))
+    return float(rx @ ry / denom) if denom > 0 else None
+
+
+# -----------------------------------------------------------------------------
+# per-matrix metrics (internal versions take _Rows so measure() can share the Gram matrix)
+
+
+def _row_norms(rows, counts_occ):
+    norms = rows.x.norm(dim=1).double()  # (n,)
+    return {
+        "norm_mean": norms.mean().item(),
+        "norm_std": norms.std(correction=0).item(),
+        "norm_min": norms.min().item(),
+        "norm_max": norms.max().item(),
+        # ranks are unchanged by log, so ranking the counts is ranking log frequency
+        "norm_freq_spearman": spearman(norms.numpy(), counts_occ),
+    }
+
+
+def row_norms(W, counts):
+    """Row L2 norms over occurring tokens: mean, population std, min, max, and the Spearman
+    correlation of norm with log token frequency (None when norms or counts are all equal).
+    Keys: n_tokens, norm_mean, norm_std, norm_min, norm_max, norm_freq_spearman."""
+    idx = _occurring(counts)
+    counts_occ = np.asarray(counts)[idx]
+    return {"n_tokens": len(idx), **_row_norms(_Rows(W, idx), counts_occ)}
+
+
+def _anisotropy(rows, n_pairs, seed):
+    mean_dir = torch.nn.functional.normalize(rows.mean.float(), dim=0)  # (C,)
+    return {
+        "anisotropy": _random_pair_cosine(rows, n_pairs, seed),
+        "cosine_to_mean": (rows.unit @ mean_dir).double().mean().item(),
+    }
+
+
+def anisotropy(W, counts, n_pairs=N_PAIRS, seed=0):
+    """Ethayarajh 2019: mean cosine of n_pairs random pairs of distinct occurring rows
+    (~0 for an isotropic cloud, -> 1 in a narrow cone), and the mean cosine of each row to the
+    mean row. Keys: n_tokens, anisotropy, cosine_to_mean."""
+    idx = _occurring(counts)
+    return {"n_tokens": len(idx), **_anisotropy(_Rows(W, idx), n_pairs, seed)}
+
+
+def _isotropy(rows):
+    # Eigenvectors are defined up to sign, so both c and -c are taken: the result does not
+    # depend on which sign eigh happens to return. The (C, n) layout makes logsumexp run
+    # along contiguous memory, ~3x faster than down the columns of (n, C).
+    proj = rows.eigh[1].float().T @ rows.x.T  # (C, n): c . w_i for every eigenvector c
+    log_z_plus = proj.logsumexp(1)  # (C,) log Z(c)
+    log_z_minus = proj.neg_().logsumexp(1)  # (C,) log Z(-c)
+    log_z = torch.cat([log_z_plus, log_z_minus])  # (2C,)
+    return {"isotropy": math.exp(log_z.min().item() - log_z.max().item())}
+
+
+def isotropy(W, counts):
+    """Mu & Viswanath 2018: I(W) = min_c Z(c) / max_c Z(c), Z(c) = sum_i exp(c . w_i), c over
+    the unit eigenvectors (both signs) of W^T W, occurring rows only. Computed as
+    exp(min log Z - max log Z) with logsumexp, so large norms cannot overflow. In (0, 1].
+    Scale-dependent: for w ~ N(0, s^2 I), log Z(c) ~ log n + s^2 lambda_c / 2 where lambda_c is
+    the sample variance along c, so small clouds read ~1 and finite samples read below 1.
+    Keys: n_tokens, isotropy."""
+    idx = _occurring(counts)
+    return {"n_tokens": len(idx), **_isotropy(_Rows(W, idx))}
+
+
+def _spectrum(rows, max_values):
+    # Singular values of x are the square roots of the eigenvalues of x^T x; float64 keeps the
+    # small ones accurate to ~1e-8 s_1, which is what effective rank needs.
+    s = rows.eigh[0].flip(0).clamp_min(0).sqrt()[: min(rows.n, rows.x.shape[1])]  # (r,) desc
+    if s[0] == 0:  # an all-zero matrix (e.g. a zero-initialised output layer): no spectrum shape
+        return {"singular_values": s[:max_values].tolist(), "effective_rank": None,
+                "stable_rank": None, "top_share": None}
+    p = s / s.sum()
+    entropy = -(p[p > 0] * p[p > 0].log()).sum()
+    return {
+        "singular_values": s[:max_values].tolist(),
+        "effective_rank": entropy.exp().item(),
+        "stable_rank": ((s**2).sum() / s[0] ** 2).item(),
+        "top_share": p[0].item(),
+    }
+
+
+def spectrum(W, counts, max_values=MAX_SINGULAR_VALUES):
+    """Singular values s_1 >= s_2 >= ... of the occurring rows (the first max_values, for plots)
+    and, from all of them: effective rank (Roy & Vetterli 2007) exp(-sum_k p_k log p_k) with
+    p_k = s_k / sum s; stable rank |W|_F^2 / |W|_2^2 = sum s_k^2 / s_1^2; top share
+    s_1 / sum s (the three are None for an all-zero matrix).
+    Keys: n_tokens, singular_values, effective_rank, stable_rank, top_share."""
+    idx = _occurring(counts)
+    return {"n_tokens": len(idx), **_spectrum(_Rows(W, idx), max_values)}
+
+
+def _drift(rows, rows0, buckets_occ):
+    # per-row sums of C squares are exact enough in float32; the totals below are float64
+    moved = (rows.x - rows0.x).pow(2).sum(1).double().numpy()  # (n,) |w - w0|^2
+    size = rows0.x.pow(2).sum(1).double().numpy()  # (n,) |w0|^2
+
+    def ratio(mask):
+        # None for an empty bucket, and for a zero init (e.g. a zero-initialised output layer)
+        denom = size[mask].sum()
+        return math.sqrt(moved[mask].sum() / denom) if mask.any() and denom > 0 else None
+
+    out = {"drift": ratio(np.ones(len(moved), dtype=bool))}
+    for b, name in enumerate(BUCKETS):
+        out[f"drift_{name}"] = ratio(buckets_occ == b)
+    return out
+
+
+def drift(W, W0, counts, buckets):
+    """Relative distance from initialisation, |W - W0|_F / |W0|_F over the occurring rows,
+    overall and per frequency bucket (None for a bucket with no occurring rows).
+    Keys: n_tokens, drift, drift_frequent, drift_mid, drift_rare."""
+    idx = _occurring(counts)
+    buckets_occ = np.asarray(buckets)[idx]
+    return {"n_tokens": len(idx), **_drift(_Rows(W, idx), _Rows(W0, idx), buckets_occ)}
+
+
+# -----------------------------------------------------------------------------
+# agreement between the input and the output space
+
+
+def _knn(unit, queries, k):
+    """Indices of the k nearest rows (cosine) of each query row, the query itself excluded."""
+    sims = unit[queries] @ unit.T  # (q, n)
+    sims[torch.arange(len(queries)), queries] = -math.inf
+    return sims.topk(k, dim=1).indices  # (q, k)
+
+
+def _agreement(rows_in, rows_out, k, n_queries, seed):
+    row_cos = (rows_in.unit * rows_out.unit).sum(1, dtype=torch.float64).mean().item()
+
+    k = min(k, rows_in.n - 1)
+    queries = torch.randperm(rows_in.n, generator=_generator(seed))[:n_queries]
+    shared = 0
+    for q in queries.split(_QUERY_BLOCK):
+        nn_in, nn_out = _knn(rows_in.unit, q, k), _knn(rows_out.unit, q, k)  # (q, k) each
+        shared += (nn_in[:, :, None] == nn_out[:, None, :]).sum().item()
+
+    # Linear CKA on column-centred X, Y: |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F), with
+    # Y_c^T X_c = Y^T X - n mean_y mean_x^T so only the cross product needs a pass over rows.
+    cross = _gram64(rows_out.x, rows_in.x) - rows_in.n * torch.outer(rows_out.mean, rows_in.mean)
+    cka = cross.square().sum() / (rows_in.centred_gram.norm() * rows_out.centred_gram.norm())
+    return {
+        "row_cosine": row_cos,
+        "knn_overlap": shared / (len(queries) * k),
+        "knn_k": k,
+        "knn_queries": len(queries),
+        "cka": cka.item(),
+    }
+
+
+def agreement(W_in, W_out, counts, k=KNN_K, n_queries=N_QUERIES, seed=0):
+    """How alike the input and output spaces are, over occurring tokens:
+    - row_cosine: mean over tokens of cos(W_in[i], W_out[i]);
+    - knn_overlap: for n_queries sampled tokens, mean |N_in(i) & N_out(i)| / k where N(i) are
+      the k nearest other occurring tokens by cosine in that space (compared in blocks, never
+      a V x V matrix);
+    - cka: linear CKA (Kornblith et al. 2019), tokens as examples, columns centred:
+      |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F); 1 for spaces equal up to rotation and scale.
+    Keys: n_tokens, row_cosine, knn_overlap, knn_k, knn_queries, cka."""
+    idx = _occurring(counts)
+    result = _agreement(_Rows(W_in, idx), _Rows(W_out, idx), k, n_queries, seed)
+    return {"n_tokens": len(idx), **result}
+
+
+# -----------------------------------------------------------------------------
+# related word forms (claim R3)
+
+_VOWELS = frozenset("aeiouAEIOU")
+
+
+def _ends_cvc(word):
+    """Consonant-vowel-consonant ending (stop, plan), whose final consonant doubles."""
+    c3, v, c1 = word[-3:]
+    return c3 not in _VOWELS and v in _VOWELS and c1 not in _VOWELS and c1 not in "wxyWXY"
+
+
+def _inflections(word):
+    """Candidate inflected forms of an English word by a handful of suffix rules."""
+    forms = [word + "s", word + "ed", word + "ing"]  # walks, walked, walking
+    if word.endswith(("s", "x", "z", "ch", "sh", "o")):
+        forms.append(word + "es")  # boxes, goes
+    if word.endswith("e") and not word.endswith("ee"):
+        forms += [word + "d", word[:-1] + "ing"]  # liked, making
+    if word.endswith("y") and word[-2] not in _VOWELS:
+        forms += [word[:-1] + "ied", word[:-1] + "ies"]  # tried, tries
+    if len(word) >= 3 and _ends_cvc(word):
+        forms += [word + word[-1] + "ed", word + word[-1] + "ing"]  # stopped, stopping
+    return forms
+
+
+def english_form_pairs(token_strings):
+    """Pairs (base id, form id) of single tokens that are forms of one English word:
+    + s / ed / ing, + es after s x z ch sh o, e-drop (make/making, like/liked), y -> ied / ies
+    after a consonant, doubled final consonant (stop/stopped). Heuristic, by design simple;
+    a curated pairs file (read_pairs_file) is the precise alternative.
+
+    Only ASCII alphabetic words containing a vowel (y counts: "try"). In a vocabulary with
+    GPT-2 style word tokens (" walk") only those count, since its bare pieces are mostly word
+    endings ("irement"/"irements"); otherwise bare words do. The token text, space included,
+    must be >= 3 characters, so " go"/" going" counts but "er"/"ers" does not. "car" is not
+    paired with "caring" or "cared" when "care" is a token too (the e-drop reading wins).
+    Sorted, unique. token_strings[i] is token i's text, or None."""
+    index = {}
+    for i, s in enumerate(token_strings):
+        if s is not None:
+            index.setdefault(s, i)  # decoders can map several ids to one string: keep the first
+    prefix = " " if any(s.startswith(" ") and s[1:].isalpha() for s in index) else ""
+
+    pairs = set()
+    for s, i in index.items():
+        if not s.startswith(prefix) or len(s) < 3:
+            continue
+        word = s[len(prefix) :]
+        if not (word.isascii() and word.isalpha() and set(word.lower()) & set("aeiouy")):
+            continue
+        e_word = prefix + word + "e" in index and not word.endswith("e")
+        for form in _inflections(word):
+            if e_word and form in (word + "ed", word + "ing"):
+                continue  # "caring" belongs to "care", not "car"
+            j = index.get(prefix + form)
+            if j is not None:
+                pairs.add((i, j))
+    return sorted(pairs)
+
+
+def read_pairs_file(path, encode):
+    """Related-form pairs from a UTF-8 file, one pair per line, two words separated by a tab
+    ("кошка<TAB>кошки"); '#' comment lines and blank lines are ignored. Each word pair is tried
+    as-is and with a leading space (both words the same way); a variant is kept when both words
+    encode to one token each, and to different tokens. Returns (unique pairs in file order,
+    number of pair lines that gave no pair). A line without exactly two non-empty tab-separated
+    words raises TiecliError naming the file and line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\r\n") for line in f]  # only \n, \r\n, \r end a line
+    except (OSError, UnicodeDecodeError) as e:
+        raise TiecliError(f"cannot read pairs file {path}: {e}") from None
+
+    pairs, skipped = {}, 0  # dict as an ordered set
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        words = [w.strip() for w in line.split("\t")]
+        if len(words) != 2 or not all(words):
+            raise TiecliError(f"{path}:{lineno}: expected two tab-separated words, got {line!r}")
+        found = False
+        for prefix in ("", " "):
+            a, b = encode(prefix + words[0]), encode(prefix + words[1])
+            if len(a) == 1 and len(b) == 1 and a[0] != b[0]:
+                pairs[(a[0], b[0])] = None
+                found = True
+        skipped += not found
+    return list(pairs), skipped
+
+
+def _pair_contrast(rows, pair_rows, n_random, seed):
+    if len(pair_rows) == 0:
+        return {"forms_n_pairs": 0, "forms_cosine": None, "forms_random_cosine": None,
+                "forms_contrast": None}
+    pairs = torch.from_numpy(pair_rows)  # (P, 2) positions among the occurring rows
+    cos = _pair_cosine(rows.unit, pairs[:, 0], pairs[:, 1])
+    base = _random_pair_cosine(rows, n_random, seed)
+    return {"forms_n_pairs": len(pairs), "forms_cosine": cos, "forms_random_cosine": base,
+            "forms_contrast": cos - base}
+
+
+def _pair_rows(pairs, idx, vocab_size):
+    """Token-id pairs -> (P, 2) positions among the occurring rows, dropping pairs with a
+    token that does not occur."""
+    pos = np.full(vocab_size, -1)
+    pos[idx] = np.arange(len(idx))
+    p = pos[np.asarray(pairs, dtype=np.int64).reshape(-1, 2)]  # (P, 2)
+    return p[(p >= 0).all(1)]
+
+
+def pair_contrast(W, pairs, counts, n_random=N_PAIRS, seed=0):
+    """Mean cosine of the given token pairs (those whose two tokens occur) against the mean
+    cosine of n_random random pairs of occurring rows; contrast = pairs - random. Positive:
+    the space pulls the forms together; about 0 or below: it keeps them apart (R3).
+    Keys: n_tokens, forms_n_pairs, forms_cosine, forms_random_cosine, forms_contrast (the
+    three means are None with no usable pair)."""
+    idx = _occurring(counts)
+    result = _pair_contrast(_Rows(W, idx), _pair_rows(pairs, idx, W.shape[0]), n_random, seed)
+    return {"n_tokens": len(idx), **result}
+
+
+# -----------------------------------------------------------------------------
+# the full pass
+
+
+def _matrix_metrics(rows, counts_occ, pair_rows, seed):
+    out = {**_row_norms(rows, counts_occ), **_anisotropy(rows, N_PAIRS, seed), **_isotropy(rows)}
+    out.update(_spectrum(rows, MAX_SINGULAR_VALUES))
+    if pair_rows is not None:
+        # same n and seed as the anisotropy pairs, so forms_random_cosine == anisotropy
+        out.update(_pair_contrast(rows, pair_rows, N_PAIRS, seed))
+    return out
+
+
+def measure(W_in, W_out, counts, buckets, W_in0=None, W_out0=None, pairs=(), seed=0):
+    """The full geometry pass, run during training and by `tiecli geometry`. Returns
+    {"n_tokens", "tied", "input": {...}, "output": {...}, "agreement": {...} or None}.
+    Each side holds row_norms, anisotropy, isotropy and spectrum keys, drift keys when that
+    side's W0 is given, forms_* keys when pairs are given. When W_in and W_out are the same
+    tensor or equal ("tied"), the side metrics are computed once and agreement is None
+    (it would be trivially 1)."""
+    idx = _occurring(counts)
+    counts_occ, buckets_occ = np.asarray(counts)[idx], np.asarray(buckets)[idx]
+    same_kind = W_in.shape == W_out.shape and W_in.dtype == W_out.dtype
+    tied = W_in is W_out or (same_kind and torch.equal(W_in, W_out))
+    pair_rows = _pair_rows(pairs, idx, W_in.shape[0]) if len(pairs) else None
+
+    rows_in = _Rows(W_in, idx)
+    rows_out = rows_in if tied else _Rows(W_out, idx)
+    side_in = _matrix_metrics(rows_in, counts_occ, pair_rows, seed)
+    side_out = dict(side_in) if tied else _matrix_metrics(rows_out, counts_occ, pair_rows, seed)
+    if W_in0 is not None:
+        side_in.update(_drift(rows_in, _Rows(W_in0, idx), buckets_occ))
+    if W_out0 is not None:
+        side_out.update(_drift(rows_out, _Rows(W_out0, idx), buckets_occ))
+    return {
+        "n_tokens": len(idx),
+        "tied": tied,
+        "input": side_in,
+        "output": side_out,
+        "agreement": None if tied else _agreement(rows_in, rows_out, KNN_K, N_QUERIES, seed),
+    }
