@@ -1,13 +1,17 @@
 # python benchmarks/throughput.py [--models nano,micro,tiny] [--steps 200] [OVERRIDES...]
-"""Training throughput of tiecli's loop against a bare reference loop, and model-FLOPs utilisation.
+"""Training throughput of tiecli's loop against a bare reference loop, model-FLOPs utilisation,
+and the cost of the diagnostics.
 
 For each model size, on this machine, in one process:
   reference  the same GPT, batches already in memory, forward/backward/clip/AdamW and nothing else;
   tiecli     tiecli.train.train() as `tiecli train` runs it (data sampling, logging, progress bar,
-             checkpoints), its tokens/s read from metrics.jsonl over the intervals after warm-up.
-The runner's overhead is 1 - tiecli / reference (target: under 5%). MFU divides the model's
-training FLOPs per second (6 x matmul parameters + attention, per token) by the fp32 matmul
-throughput measured here, so it needs no vendor peak figure.
+             checkpoints), diagnostics off, its tokens/s read from metrics.jsonl over the intervals
+             after warm-up; then again with the default gradient statistics (diag.every).
+The runner's overhead is 1 - tiecli / reference (target: under 5%); the diagnostics' overhead is
+1 - with / without (target: under 5%). MFU divides the model's training FLOPs per second
+(6 x matmul parameters + attention, per token) by the fp32 matmul throughput measured here, so it
+needs no vendor peak figure. Last, one full geometry pass at GPT-2's vocabulary and width
+(50257 x 768), tied and untied (target: a few seconds).
 """
 
 import argparse
@@ -18,9 +22,11 @@ from pathlib import Path
 
 import torch
 
-from tiecli import config, rundir
+import numpy as np
+
+from tiecli import config, diagnostics, rundir, tokenizer
 from tiecli.data import load_corpus
-from tiecli.model import GPT
+from tiecli.model import GPT, Embeddings, GPTConfig
 from tiecli.train import make_optimizer, train
 
 
@@ -70,6 +76,19 @@ def tiecli_tokens_per_s(cfg: config.Config, files: dict, steps: int) -> float:
     return statistics.mean(rates[1:])  # the first interval holds the warm-up
 
 
+def geometry_seconds(mode: str) -> float:
+    """One geometry pass over GPT-2-sized token matrices, every token occurring, English form pairs."""
+    cfg = GPTConfig(vocab_size=50257, n_layer=12, n_head=12, n_embd=768, block_size=1024, tying=mode)
+    torch.manual_seed(0)
+    emb, emb0 = Embeddings(cfg), Embeddings(cfg)
+    counts = np.random.default_rng(0).zipf(1.3, cfg.vocab_size).clip(1, 10**9)
+    buckets = np.random.default_rng(1).integers(0, 3, cfg.vocab_size).astype(np.int8)
+    pairs, info = diagnostics.form_pairs(tokenizer.gpt2(), None)
+    start = time.perf_counter()
+    diagnostics.embedding_geometry(emb, emb0, counts, buckets, pairs, info, seed=0)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="nano,micro,tiny")
@@ -79,20 +98,24 @@ def main() -> None:
 
     peak = matmul_flops()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s")
-    header = f"{'model':<8}{'params':>12}{'reference tok/s':>18}{'tiecli tok/s':>15}{'overhead':>10}{'MFU':>8}"
-    print(header)
+    print(f"{'model':<8}{'params':>12}{'reference tok/s':>17}{'tiecli tok/s':>14}{'overhead':>10}{'MFU':>7}"
+          f"{'with diag tok/s':>17}{'diag overhead':>15}")
     for name in args.models.split(","):
         overrides = [f"model={name}", f"train.max_steps={args.steps}", f"train.eval_interval={args.steps}", *args.overrides]
-        cfg_node, _ = config.compose(overrides)
-        cfg = config.to_config(cfg_node)
-        files = {rundir.CONFIG: config.to_yaml(cfg_node)}
+        rates = []
+        for diag in (["diag.every=0", "diag.geometry=false"], []):
+            cfg_node, _ = config.compose([*overrides, *diag])
+            cfg = config.to_config(cfg_node)
+            rates.append(tiecli_tokens_per_s(cfg, {rundir.CONFIG: config.to_yaml(cfg_node)}, args.steps))
         corpus = load_corpus(cfg.data, cfg.tokenizer)
-        tokens = torch.from_numpy(corpus.tokens["train"].astype("int64"))
-        ref = reference_tokens_per_s(cfg, tokens, steps=min(args.steps, 50))
-        ours = tiecli_tokens_per_s(cfg, files, args.steps)
+        ref = reference_tokens_per_s(cfg, torch.from_numpy(corpus.tokens["train"].astype("int64")), steps=min(args.steps, 50))
+        ours, with_diag = rates
         counts = GPT(cfg.model).param_counts()
         mfu = flops_per_token(cfg, counts) * ours / peak
-        print(f"{name:<8}{counts['total']:>12,}{ref:>18,.0f}{ours:>15,.0f}{1 - ours / ref:>10.1%}{mfu:>8.1%}")
+        print(f"{name:<8}{counts['total']:>12,}{ref:>17,.0f}{ours:>14,.0f}{1 - ours / ref:>10.1%}{mfu:>7.1%}"
+              f"{with_diag:>17,.0f}{1 - with_diag / ours:>15.1%}  (diag.every={cfg.diag.every})")
+    for mode in ("untied", "tied"):
+        print(f"geometry pass at 50257 x 768, {mode}: {geometry_seconds(mode):.2f} s")
 
 
 if __name__ == "__main__":

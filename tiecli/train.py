@@ -128,7 +128,10 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
 
     raw_model = model
     if config.compile:
-        model = torch.compile(model)
+        # The transformer blocks only: they hold the fusible work, while the token matrices stay
+        # eager, so the gradient-recording hooks and views of diagnostics never break a graph.
+        for block in model.h:
+            block.compile()
 
     summary = {
         "name": run_dir.name,
