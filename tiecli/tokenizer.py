@@ -10,9 +10,7 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
 import re
-import tempfile
 import weakref
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import numpy as np
 import rustbpe
 import tiktoken
 
+from tiecli import rundir
 from tiecli.errors import ConfigError, TiecliError
 
 NAMES = ("gpt2", "bpe", "bytes")
@@ -139,26 +138,13 @@ def _train_bpe(text, vocab_size):
     return trainer.get_pattern(), ranks
 
 
-def _write_atomic(path, data):
-    # Another process (or a crash mid-write) never sees a half-written file: write aside, rename.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _save_bpe(path, pattern, ranks):
     # tiktoken's text format, so other tools can read the ranks; the pattern goes in a json beside
     # it. The .tiktoken file is written last: when it exists, the entry is complete.
     meta = {"format": BPE_FORMAT, "pattern": pattern, "vocab_size": len(ranks)}
-    _write_atomic(path.with_suffix(".json"), json.dumps(meta, indent=1).encode())
+    rundir.atomic_write(path.with_suffix(".json"), json.dumps(meta, indent=1).encode())
     by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
-    _write_atomic(path, b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in by_rank))
+    rundir.atomic_write(path, b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in by_rank))
 
 
 def _load_bpe(path):
