@@ -76,7 +76,9 @@ def test_run_name_is_readable_and_distinguishes_settings():
     assert name("tying=untied", "seed=2", "tokenizer.vocab_size=8192") == "micro-untied-bpe8192-shakespeare-s2"
     assert name("train.lr=1e-3") == "micro-tied-bpe4096-shakespeare-s0,train.lr=1e-3"
     assert name("data=textfile", "data.path=/some/where/notes.txt") == "micro-tied-bpe4096-textfile_notes-s0"
-    assert len(name("train.lr=1e-3", *[f"train.{k}=1" for k in ("eval_interval", "log_interval", "checkpoint_interval", "eval_batches", "grad_accum")])) <= 120
+    many = [f"train.{k}=1" for k in ("eval_interval", "log_interval", "checkpoint_interval", "eval_batches", "grad_accum", "beta1", "beta2", "warmup_steps")]
+    long_a, long_b = name(*many, "model.dropout=0.1"), name(*many, "model.dropout=0.2")
+    assert len(long_a) == len(long_b) == 200 and long_a != long_b  # cut, and kept apart by a hash
 
 
 def test_config_dir_adds_choices_and_wins(tmp_path):

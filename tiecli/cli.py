@@ -14,7 +14,7 @@ import typer
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from tiecli import config, display, rundir
+from tiecli import display, rundir
 from tiecli.errors import ConfigError, TiecliError
 
 app = typer.Typer(
@@ -56,6 +56,8 @@ def train(
     """
     overrides = overrides or []
     with user_errors():
+        from tiecli import config
+
         cfg, choices = config.compose(overrides, config_dir)
         run_config = config.to_config(cfg)
         path = rundir.run_path(runs_dir, name or config.run_name(choices, cfg, overrides))
@@ -106,6 +108,8 @@ def info(
     Example: tiecli info model=gpt2 tokenizer=gpt2 tying=tied
     """
     with user_errors():
+        from tiecli import config
+
         cfg, choices = config.compose(overrides or [], config_dir)
         run_config = config.to_config(cfg)
         from tiecli.model import count_params
@@ -141,7 +145,10 @@ def geometry(
             console.print(display.geometry_table(entry, f"{run.name}: geometry at step {entry['step']}"))
 
 
-def load_run_config(run: Path) -> "config.Config":
+def load_run_config(run: Path):
+    """A run directory's config.yaml as a checked Config."""
+    from tiecli import config
+
     if not rundir.is_run_dir(run):
         raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.CONFIG})")
     try:
@@ -175,3 +182,33 @@ def sweep(
             return
         code = sweeps.run(sweep_dir, manifest, jobs, console)
     raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    paths: Annotated[list[Path] | None, typer.Argument(help="Run directories, sweep folders or any folders holding runs (default: runs/)", show_default=False)] = None,
+    baseline: Annotated[str, typer.Option(help="KEY=VALUE picking the baseline among groups equal in every other key")] = "tying=untied",
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")] = None,
+):
+    """Compare runs over seeds, at equal architecture and equal parameter count, and judge each claim.
+
+    Writes report.md, a self-contained report.html, results.csv, results.json and PNG plots.
+
+    Example: tiecli report runs/sweeps/tying_vs_size --baseline tying=untied
+    """
+    with user_errors():
+        from tiecli.report import report as write_report
+
+        write_report(paths or [Path("runs")], baseline, out, console)
+
+
+@app.command()
+def runs(runs_dir: Annotated[Path, typer.Argument(help="Folder to search for run directories, at any depth")] = Path("runs")):
+    """List run directories: name, state, size, mode, steps, val perplexity.
+
+    Example: tiecli runs runs/sweeps/tying_vs_size
+    """
+    with user_errors():
+        from tiecli.report import runs_table
+
+        console.print(runs_table(runs_dir))

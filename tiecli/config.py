@@ -20,7 +20,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tiecli import tokenizer
+from tiecli import rundir, tokenizer
 from tiecli.errors import ConfigError
 from tiecli.model import GPTConfig
 
@@ -278,24 +278,18 @@ def run_name(choices: dict[str, str], cfg: DictConfig, overrides: list[str]) -> 
     if extras:
         name += "," + ",".join(sorted(extras))
     name = re.sub(r"[^A-Za-z0-9._,=+-]", "_", name)
-    if len(name) > 120:
-        name = name[:100] + "-" + hashlib.sha256(name.encode()).hexdigest()[:10]
+    if len(name) > 200:  # file systems allow 255 bytes; past 200, keep it unique with a hash
+        name = name[:189] + "-" + hashlib.sha256(name.encode()).hexdigest()[:10]
     return name
 
 
 def check_unchanged(stored: DictConfig, cfg: DictConfig) -> None:
     """Resuming is only meaningful with the config the run was started with."""
-    old, new = _flatten(OmegaConf.to_container(stored, resolve=True)), _flatten(OmegaConf.to_container(cfg, resolve=True))
+    old = rundir.flatten(OmegaConf.to_container(stored, resolve=True))
+    new = rundir.flatten(OmegaConf.to_container(cfg, resolve=True))
     changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
     if changed:
         raise ConfigError(f"this run was trained with a different config ({'; '.join(changed)}); resume with the same overrides or pick another --name")
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    flat = {}
-    for k, v in d.items():
-        flat.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return flat
 
 
 def to_yaml(cfg: DictConfig) -> str:

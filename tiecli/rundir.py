@@ -107,5 +107,16 @@ def truncate_after(run_dir: Path, last_step: int) -> None:
         (run_dir / EVAL).unlink(missing_ok=True)
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}: configs compared key by key."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def is_run_dir(path: Path) -> bool:
     return (Path(path) / CONFIG).is_file()

@@ -153,7 +153,10 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
     rundir.write_json(run_dir / rundir.SUMMARY, summary)
     session_start, wall_before = time.perf_counter(), state["wall_time"]
 
+    loss_acc = torch.tensor(state["loss_sum"], device=device)  # train loss summed since the last log line
+
     def save_checkpoint() -> None:
+        state["loss_sum"] = loss_acc.item()
         rng = {"torch": torch.get_rng_state(), "sampler": sampler.get_state()}
         if device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -186,7 +189,6 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
             if state["step"] == 0:
                 _log(run_dir, state, {"step": 0, "tokens": 0, "lr": 0.0}, val_subset())
                 record_geometry(0)
-            loss_acc = torch.tensor(state["loss_sum"], device=device)  # train loss summed since the last log line
             interval_start, interval_tokens = time.perf_counter(), 0
             while state["step"] < max_steps and not stop.requested:
                 step_start = time.perf_counter()
@@ -231,15 +233,14 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
                     loss_acc.zero_()
                     state["loss_n"] = 0
                     interval_start, interval_tokens = time.perf_counter(), 0
-                if step % t.checkpoint_interval == 0 or step == max_steps or stop.requested:
-                    state["loss_sum"] = loss_acc.item()
+                if step % t.checkpoint_interval == 0 or step == max_steps:
                     save_checkpoint()
-            stopped = stop.requested and state["step"] < max_steps
-        if stopped:
-            finish("interrupted")
-            raise Interrupted(f"interrupted at step {state['step']}/{max_steps}; checkpoint saved, continue with --resume")
-        final = evaluate(raw_model, corpus, "val", buckets, device, autocast)
-        final["step"] = state["step"]
+            if stop.requested and state["step"] < max_steps:
+                save_checkpoint()
+                finish("interrupted")
+                raise Interrupted(f"interrupted at step {state['step']}/{max_steps}; checkpoint saved, continue with --resume")
+            final = evaluate(raw_model, corpus, "val", buckets, device, autocast)
+            final["step"] = state["step"]
         evals = rundir.read_json(run_dir / rundir.EVAL) if (run_dir / rundir.EVAL).exists() else {}
         rundir.write_json(run_dir / rundir.EVAL, {**evals, "val": final})
         finish("completed", final_val=_brief(final))
@@ -247,8 +248,8 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
     except Interrupted:
         raise
     except KeyboardInterrupt:
-        finish("interrupted", error="stopped at once by a second Ctrl-C; resume continues from the last checkpoint")
-        raise
+        finish("interrupted", error="stopped at once by a second Ctrl-C; --resume continues from the last checkpoint")
+        raise Interrupted(f"stopped at once at step {state['step']}/{max_steps}; --resume continues from the last checkpoint") from None
     except BaseException as e:
         finish("failed", error=f"{type(e).__name__}: {e}".strip())
         raise
