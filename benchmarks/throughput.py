@@ -68,9 +68,10 @@ def reference_tokens_per_s(cfg: config.Config, tokens: torch.Tensor, steps: int,
     return steps * B * T / (time.perf_counter() - start)
 
 
-def tiecli_tokens_per_s(cfg: config.Config, files: dict, steps: int) -> float:
+def tiecli_tokens_per_s(overrides: list[str]) -> float:
+    cfg_node, _ = config.compose(overrides)
     with tempfile.TemporaryDirectory() as tmp:
-        train(cfg, Path(tmp) / "run", False, files)
+        train(config.to_config(cfg_node), Path(tmp) / "run", False, {rundir.CONFIG: config.to_yaml(cfg_node)})
         rows = rundir.read_jsonl(Path(tmp) / "run" / rundir.METRICS)
     rates = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r]
     return statistics.mean(rates[1:])  # the first interval holds the warm-up
@@ -102,14 +103,14 @@ def main() -> None:
           f"{'with diag tok/s':>17}{'diag overhead':>15}")
     for name in args.models.split(","):
         overrides = [f"model={name}", f"train.max_steps={args.steps}", f"train.eval_interval={args.steps}", *args.overrides]
-        rates = []
-        for diag in (["diag.every=0", "diag.geometry=false"], []):
-            cfg_node, _ = config.compose([*overrides, *diag])
-            cfg = config.to_config(cfg_node)
-            rates.append(tiecli_tokens_per_s(cfg, {rundir.CONFIG: config.to_yaml(cfg_node)}, args.steps))
-        corpus = load_corpus(cfg.data, cfg.tokenizer)
-        ref = reference_tokens_per_s(cfg, torch.from_numpy(corpus.tokens["train"].astype("int64")), steps=min(args.steps, 50))
-        ours, with_diag = rates
+        cfg = config.to_config(config.compose(overrides)[0])
+        tokens = torch.from_numpy(load_corpus(cfg.data, cfg.tokenizer).tokens["train"].astype("int64"))
+        ref_before = reference_tokens_per_s(cfg, tokens, args.steps)
+        ours = tiecli_tokens_per_s([*overrides, "diag.every=0", "diag.geometry=false"])
+        with_diag = tiecli_tokens_per_s(overrides)
+        # The reference again, averaged: a 2-core machine drifts by several percent over minutes,
+        # more than the overhead being measured.
+        ref = (ref_before + reference_tokens_per_s(cfg, tokens, args.steps)) / 2
         counts = GPT(cfg.model).param_counts()
         mfu = flops_per_token(cfg, counts) * ours / peak
         print(f"{name:<8}{counts['total']:>12,}{ref:>17,.0f}{ours:>14,.0f}{1 - ours / ref:>10.1%}{mfu:>7.1%}"
