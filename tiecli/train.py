@@ -126,7 +126,6 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
     geometry_log = rundir.read_json(run_dir / rundir.GEOMETRY) if (run_dir / rundir.GEOMETRY).exists() else []
     buckets_t = torch.from_numpy(buckets.astype("int64")).to(device)
 
-    raw_model = model
     if config.compile:
         # The transformer blocks only: they hold the fusible work, while the token matrices stay
         # eager, so the gradient-recording hooks and views of diagnostics never break a graph.
@@ -138,7 +137,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
         "status": "running",
         "error": None,
         "seed": config.seed,
-        "params": raw_model.param_counts(),
+        "params": model.param_counts(),
         "max_steps": max_steps,
         "tokens_per_step": config.tokens_per_step,
         "step": state["step"],
@@ -161,19 +160,19 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
         if device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state()
         state["wall_time"] = wall_before + time.perf_counter() - session_start
-        checkpoint.save(ckpt_path, {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "state": state})
+        checkpoint.save(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "state": state})
 
-    def val_subset() -> dict:  # the eager model: a compiled one would recompile for eval's shapes
-        return evaluate(raw_model, corpus, "val", buckets, device, autocast, limit=t.eval_batches * t.batch_size)
+    def val_subset() -> dict:
+        return evaluate(model, corpus, "val", buckets, device, autocast, limit=t.eval_batches * t.batch_size)
 
     def record_geometry(step: int) -> None:
         if not d.geometry:
             return
-        entry = diagnostics.embedding_geometry(raw_model.emb, emb0, corpus.counts, buckets, pairs, pairs_info, d.seed)
+        entry = diagnostics.embedding_geometry(model.emb, emb0, corpus.counts, buckets, pairs, pairs_info, d.seed)
         geometry_log.append({"step": step, **entry})
         rundir.write_json(run_dir / rundir.GEOMETRY, geometry_log)
         if d.snapshots:
-            checkpoint.save(run_dir / rundir.SNAPSHOTS / f"step_{step}.pt", {"emb": raw_model.emb.state_dict()})
+            checkpoint.save(run_dir / rundir.SNAPSHOTS / f"step_{step}.pt", {"emb": model.emb.state_dict()})
 
     def finish(status: str, **fields) -> None:
         state["wall_time"] = wall_before + time.perf_counter() - session_start
@@ -196,7 +195,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 diag_now = d.every > 0 and (state["step"] + 1) % d.every == 0
-                raw_model.emb.record_grads, raw_model.emb.grads = diag_now, {}
+                model.emb.record_grads, model.emb.grads = diag_now, {}
                 present = torch.zeros(config.model.vocab_size, dtype=torch.bool, device=device)  # tokens in the inputs
                 for _ in range(t.grad_accum):
                     x, y = get_batch(corpus.tokens["train"], t.batch_size, config.model.block_size, sampler)
@@ -208,9 +207,9 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
                     loss.backward()
                     loss_acc += loss.detach().float()
                 # Before clipping: the statistics describe the raw gradients that tying would sum.
-                diag = diagnostics.interference(*diagnostics.gradient_paths(raw_model.emb), present, buckets_t) if diag_now else {}
-                raw_model.emb.grads = {}
-                grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), t.grad_clip or float("inf"))
+                diag = diagnostics.interference(*diagnostics.gradient_paths(model.emb), present, buckets_t) if diag_now else {}
+                model.emb.grads = {}
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 state["step"] += 1
@@ -239,7 +238,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
                 save_checkpoint()
                 finish("interrupted")
                 raise Interrupted(f"interrupted at step {state['step']}/{max_steps}; checkpoint saved, continue with --resume")
-            final = evaluate(raw_model, corpus, "val", buckets, device, autocast)
+            final = evaluate(model, corpus, "val", buckets, device, autocast)
             final["step"] = state["step"]
         evals = rundir.read_json(run_dir / rundir.EVAL) if (run_dir / rundir.EVAL).exists() else {}
         rundir.write_json(run_dir / rundir.EVAL, {**evals, "val": final})
