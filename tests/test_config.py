@@ -58,6 +58,12 @@ def test_bad_overrides_name_the_valid_choices(override, message):
         (["tokenizer=bytes", "tokenizer.vocab_size=300"], "bytes has exactly 256 tokens"),
         (["tokenizer.vocab_size=100"], "bpe needs more than 256"),
         (["model.n_head=5"], "not divisible by n_head=5"),
+        (["model.dropout=2"], "dropout=2.0 is not in [0, 1)"),
+        (["model.block_size=0"], "block_size=0 must be at least 1"),
+        (["model.n_layer=0"], "n_layer=0 must be at least 1"),
+        (["eval.buckets=[a,b]"], "eval.buckets=['a', 'b'] must be two increasing fractions"),
+        (["train=5"], "train=5 must be a group of keys"),
+        (["seed=abc"], "seed='abc' has the wrong type; expected int"),
     ],
 )
 def test_bad_values_are_refused_in_one_line(override, message):
@@ -75,7 +81,8 @@ def test_run_name_is_readable_and_distinguishes_settings():
     assert name() == "micro-tied-bpe4096-shakespeare-s0"
     assert name("tying=untied", "seed=2", "tokenizer.vocab_size=8192") == "micro-untied-bpe8192-shakespeare-s2"
     assert name("train.lr=1e-3") == "micro-tied-bpe4096-shakespeare-s0,train.lr=1e-3"
-    assert name("data=textfile", "data.path=/some/where/notes.txt") == "micro-tied-bpe4096-textfile_notes-s0"
+    assert name("data=textfile", "data.path=/some/where/notes.txt") == "micro-tied-bpe4096-textfile_notes-5fc726-s0"
+    assert name("data=textfile", "data.path=/else/where/notes.txt") != name("data=textfile", "data.path=/some/where/notes.txt")
     many = [f"train.{k}=1" for k in ("eval_interval", "log_interval", "checkpoint_interval", "eval_batches", "grad_accum", "beta1", "beta2", "warmup_steps")]
     long_a, long_b = name(*many, "model.dropout=0.1"), name(*many, "model.dropout=0.2")
     assert len(long_a) == len(long_b) == 200 and long_a != long_b  # cut, and kept apart by a hash
@@ -86,6 +93,9 @@ def test_config_dir_adds_choices_and_wins(tmp_path):
     (tmp_path / "model" / "huge.yaml").write_text("n_layer: 24\nn_head: 16\nn_embd: 1024\n")
     cfg, choices = config.compose(["model=huge"], config_dir=tmp_path)
     assert choices["model"] == "huge" and cfg.model.n_layer == 24 and cfg.model.block_size == 128
+    (tmp_path / "model" / "micro.yaml").write_text("n_layer: 7\nn_head: 4\nn_embd: 128\n")  # same name as tiecli's: the user's wins
+    assert config.compose([], config_dir=tmp_path)[0].model.n_layer == 7
+    assert config.compose([])[0].model.n_layer == 4
     with pytest.raises(ConfigError, match="valid choices: gpt2, huge, medium"):
         config.compose(["model=giant"], config_dir=tmp_path)
     with pytest.raises(ConfigError, match="is not a folder"):

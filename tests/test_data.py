@@ -57,6 +57,21 @@ def test_bad_textfile_paths_give_clear_errors(tmp_path, setup, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("text", ["one long line of words " * 5000, "a first long line " * 3000 + "\n" + "and a second " * 3000])
+def test_text_too_short_to_split_is_a_clear_error(tmp_path, text):
+    (tmp_path / "short.txt").write_text(text)
+    cfg = DataConfig(name="textfile", path=str(tmp_path / "short.txt"), split="block")
+    with pytest.raises(TiecliError, match=r"cuts into only [12] block\(s\) at line ends"):
+        data.split_texts(data.load_documents(cfg), cfg)
+
+
+def test_three_blocks_give_three_non_empty_splits(tmp_path):
+    (tmp_path / "three.txt").write_text("".join(f"line {i}\n" for i in range(3)))
+    cfg = DataConfig(name="textfile", path=str(tmp_path / "three.txt"), split="block", n_blocks=3, test_fraction=0.6, val_fraction=0.3)
+    texts = data.split_texts(data.load_documents(cfg), cfg)
+    assert all(texts[s] for s in data.SPLITS)
+
+
 def test_glob_matching_nothing_is_an_error(tmp_path):
     with pytest.raises(TiecliError, match="matches no files"):
         data.load_documents(DataConfig(name="textfile", path=str(tmp_path / "*.txt")))
@@ -66,8 +81,7 @@ def test_corpus_is_cached_and_consistent(monkeypatch):
     corpus = data.load_corpus(DataConfig(), TokenizerConfig(name="bytes", vocab_size=256))
     assert corpus.encoding.n_vocab == 256
     assert corpus.counts.sum() == len(corpus.tokens["train"])
-    for split in data.SPLITS:  # one byte per token, so bytes and tokens agree
-        assert corpus.n_bytes[split] == len(corpus.tokens[split])
+    assert (corpus.token_bytes == 1).all()  # one byte per token
     monkeypatch.setattr(data, "_write_tokens", lambda *a: pytest.fail("tokenized again despite the cache"))
     again = data.load_corpus(DataConfig(), TokenizerConfig(name="bytes", vocab_size=256))
     assert again.key == corpus.key and np.array_equal(again.tokens["val"], corpus.tokens["val"])

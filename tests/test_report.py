@@ -219,9 +219,15 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
             assert claims[("C2", f"{label} vs untied {side}")]["verdict"] == expected_verdict(low, high, -1)
             assert claims[("C2", f"{label} vs untied {side}")]["interval"]["high"] == pytest.approx(high)
 
+        # Steps to target by hand: the target is the highest final loss at this size (every run's lowest
+        # point); each curve falls linearly from loss + 1 at step 10 to loss at step 20.
+        target = max(LOSS[(size, "tied")] + LOSS[(size, "untied")])
+        steps = {mode: [10 + 10 * (loss + 1 - target) for loss in LOSS[(size, mode)]] for mode in ("tied", "untied")}
+        mean, low, high = interval([100 * (t / u - 1) for t, u in zip(steps["tied"], steps["untied"])])
         r6, c3 = claims[("R6", label)], claims[("C3", label)]
         assert r6["interval"] == c3["interval"]  # one figure, read in opposite directions
-        assert {r6["verdict"], c3["verdict"]} in ({"supported", "contradicted"}, {"inconclusive"})
+        assert (r6["interval"]["mean"], r6["interval"]["low"], r6["interval"]["high"]) == pytest.approx((mean, low, high))
+        assert r6["verdict"] == expected_verdict(low, high, +1) and c3["verdict"] == expected_verdict(low, high, -1)
 
     # the R5/C6 slope of the per-seed differences against log10 non-embedding parameters, by hand
     points = [(math.log10(SIZES[size]["non_embedding"]), d) for size in SIZES for d in pct(ppl(size, "tied"), ppl(size, "untied"))]

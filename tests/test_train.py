@@ -9,6 +9,9 @@ from conftest import TINY
 from tiecli import config, rundir, train
 from tiecli.errors import TiecliError
 
+# The originals, to put back mid-test (monkeypatch.undo() would also undo conftest's cache and folder).
+GET_BATCH, EVALUATE = train.get_batch, train.evaluate
+
 
 def setup(*overrides):
     cfg, choices = config.compose([*TINY, *overrides])
@@ -41,13 +44,12 @@ def test_a_run_writes_a_self_describing_directory(tmp_path):
 def interrupt_at_batch(monkeypatch, n):
     """Send ourselves SIGINT while the n-th batch is drawn, as a user's Ctrl-C would arrive mid-step."""
     calls = {"n": 0}
-    real = train.get_batch
 
     def get_batch(*args):
         calls["n"] += 1
         if calls["n"] == n:
             os.kill(os.getpid(), signal.SIGINT)
-        return real(*args)
+        return GET_BATCH(*args)
 
     monkeypatch.setattr(train, "get_batch", get_batch)
 
@@ -62,7 +64,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
         train.train(cfg, tmp_path / "split", False, files)
     stopped = rundir.read_json(tmp_path / "split" / rundir.SUMMARY)
     assert stopped["status"] == "interrupted" and stopped["step"] == 5
-    monkeypatch.undo()
+    monkeypatch.setattr(train, "get_batch", GET_BATCH)
     # As if the process had been killed later: lines past the checkpoint, the last one torn.
     rundir.append_jsonl(tmp_path / "split" / rundir.METRICS, {"step": 6, "loss": 0.0})
     with open(tmp_path / "split" / rundir.METRICS, "a") as f:
@@ -78,16 +80,44 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_stop_before_the_first_step_checkpoints_and_resumes_cleanly(tmp_path, monkeypatch):
+    cfg, files = setup()
+    def evaluate_then_ctrl_c(*args, **kwargs):  # Ctrl-C arrives during the step-0 evaluation
+        os.kill(os.getpid(), signal.SIGINT)
+        return EVALUATE(*args, **kwargs)
+
+    monkeypatch.setattr(train, "evaluate", evaluate_then_ctrl_c)
+    with pytest.raises(train.Interrupted, match="interrupted at step 0/12"):
+        train.train(cfg, tmp_path / "run", False, files)
+    assert (tmp_path / "run" / rundir.CHECKPOINT).is_file()
+    monkeypatch.setattr(train, "evaluate", EVALUATE)
+    train.train(cfg, tmp_path / "run", True, files)
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [0, 3, 6, 9, 10, 12]
+    assert [e["step"] for e in rundir.read_json(tmp_path / "run" / rundir.GEOMETRY)] == [0, 6, 12]
+
+
+def test_resume_refuses_changed_data(tmp_path, monkeypatch):
+    text = tmp_path / "notes.txt"
+    text.write_text("".join(f"line {i} of some notes about nothing much\n" for i in range(3000)))
+    cfg, files = setup("data=textfile", f"data.path={text}")
+    interrupt_at_batch(monkeypatch, 2)
+    with pytest.raises(train.Interrupted):
+        train.train(cfg, tmp_path / "run", False, files)
+    monkeypatch.setattr(train, "get_batch", GET_BATCH)
+    text.write_text(text.read_text() + "a new line that changes the corpus\n")
+    with pytest.raises(TiecliError, match="the data or tokenizer changed since 'run' was trained"):
+        train.train(cfg, tmp_path / "run", True, files)
+
+
 def test_a_failing_run_is_marked_failed(tmp_path, monkeypatch):
     cfg, files = setup()
     calls = {"n": 0}
-    real = train.get_batch
 
     def broken(*args):
         calls["n"] += 1
         if calls["n"] == 4:
             raise RuntimeError("disk on fire")
-        return real(*args)
+        return GET_BATCH(*args)
 
     monkeypatch.setattr(train, "get_batch", broken)
     with pytest.raises(RuntimeError):

@@ -4,9 +4,12 @@
 Only this module and the CLI see OmegaConf; everything downstream gets a `Config`.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import re
+import shutil
+import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -154,17 +157,32 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
     dirs = _config_dirs(config_dir)
     check_choices(parsed, dirs)
     group_overrides = [o.input_line for o in parsed if o.key_or_group in GROUPS]
-    searchpath = [f"hydra.searchpath=[file://{dirs[0]}]"] if len(dirs) > 1 else []
-    with initialize_config_dir(config_dir=str(dirs[-1]), version_base=None):
-        base = _hydra_compose(searchpath + group_overrides)
+    with _merged(dirs) as primary, initialize_config_dir(config_dir=primary, version_base=None):
+        base = _hydra_compose(group_overrides)
         for o in parsed:
             if o.key_or_group not in GROUPS:
                 _check_key(base, o.key_or_group)
-        cfg = _hydra_compose(searchpath + list(overrides))
+        cfg = _hydra_compose(list(overrides))
     choices = {g: cfg.hydra.runtime.choices[g] for g in GROUPS}
     with open_dict(cfg):
         del cfg["hydra"]
     return cfg, choices
+
+
+@contextlib.contextmanager
+def _merged(dirs: list[Path]):
+    """One config folder in which the user's files replace tiecli's of the same name.
+
+    Hydra's search path would put a user folder after the primary one, so tiecli's model/micro.yaml
+    would still win over the user's; a merged copy (a few dozen small files) keeps the user's.
+    """
+    if len(dirs) == 1:
+        yield str(dirs[0])
+        return
+    with tempfile.TemporaryDirectory(prefix="tiecli-conf-") as tmp:
+        for d in reversed(dirs):
+            shutil.copytree(d, tmp, dirs_exist_ok=True)
+        yield tmp
 
 
 def _hydra_compose(overrides: list[str]) -> DictConfig:
@@ -185,6 +203,8 @@ def _check_key(cfg: DictConfig, key: str) -> None:
 
 def _convert(cls, node, prefix: str, **extra):
     """A dataclass from a config node, checking every key and value type with a one-line error."""
+    if not isinstance(node, (DictConfig, dict)):
+        raise ConfigError(f"{prefix}={node!r} must be a group of keys (e.g. {prefix}.KEY=VALUE), not a single value")
     try:
         values = OmegaConf.to_container(node, resolve=True, throw_on_missing=True) if isinstance(node, DictConfig) else dict(node)
     except OmegaConfBaseException as e:
@@ -192,9 +212,10 @@ def _convert(cls, node, prefix: str, **extra):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else key
         if key not in names:
-            raise ConfigError(f"unknown config key '{prefix}.{key}'; valid keys: {', '.join(sorted(names))}")
-        values[key] = _check_type(value, hints[key], f"{prefix}.{key}")
+            raise ConfigError(f"unknown config key {name!r}; valid keys: {', '.join(sorted(names))}")
+        values[key] = _check_type(value, hints[key], name)
     return cls(**values, **extra)
 
 
@@ -265,13 +286,15 @@ def _validate(c: Config) -> None:
     need(c.data.n_blocks >= 3, f"data.n_blocks={c.data.n_blocks} must be at least 3 (train, val, test)")
     need(c.diag.every >= 0, f"diag.every={c.diag.every} must be >= 0 (0 turns the gradient statistics off)")
     b = c.eval.buckets
-    need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in b)
+    need(numbers and len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
 
 
 def run_name(choices: dict[str, str], cfg: DictConfig, overrides: list[str]) -> str:
     """A readable, unique-per-setting run name: group choices, seed, then any other overrides."""
     tok = choices["tokenizer"] + (str(cfg.tokenizer.vocab_size) if choices["tokenizer"] == "bpe" else "")
-    data = choices["data"] + (f"_{Path(str(cfg.data.path)).stem}" if cfg.data.get("path") else "")
+    path = cfg.data.get("path")  # its stem to read, a hash of the whole path to keep a/x.txt and b/x.txt apart
+    data = choices["data"] + (f"_{Path(str(path)).stem}-{hashlib.sha256(str(path).encode()).hexdigest()[:6]}" if path else "")
     name = f"{choices['model']}-{choices['tying']}-{tok}-{data}-s{cfg.seed}"
     named = {*GROUPS, "seed", "tokenizer.vocab_size", "data.path"}
     extras = [o.input_line for o in parse_overrides(overrides) if o.key_or_group not in named]

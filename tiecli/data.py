@@ -84,13 +84,16 @@ def split_texts(docs: list[tuple[str, str]], data: DataConfig) -> dict[str, str]
         units = [text for _, text in docs]
     else:
         units = _blocks("\n\n".join(text for _, text in docs), data.n_blocks)
+    if len(units) < 3:
+        raise TiecliError(f"the {data.name} text cuts into only {len(units)} block(s) at line ends; train, val and test "
+                          "need one each: give a longer text with more lines")
     order = list(range(len(units)))
     random.Random(data.split_seed).shuffle(order)
     total = sum(len(u.encode()) for u in units)
     owner = ["train"] * len(units)
-    for split, fraction in (("test", data.test_fraction), ("val", data.val_fraction)):
-        held = 0
-        while order and (held == 0 or held < fraction * total) and len(order) > 1:
+    for split, fraction, keep in (("test", data.test_fraction, 2), ("val", data.val_fraction, 1)):
+        held = 0  # at least one unit each, and `keep` left over for the splits still to fill
+        while (held == 0 or held < fraction * total) and len(order) > keep:
             i = order.pop()
             owner[i] = split
             held += len(units[i].encode())
@@ -104,7 +107,7 @@ def _blocks(text: str, n_blocks: int) -> list[str]:
     blocks, start = [], 0
     while start < len(text):
         end = min(len(text), start + size)
-        newline = text.find("\n", end)
+        newline = text.find("\n", end - 1)  # the first line end at or after the cut
         end = len(text) if newline == -1 or len(text) - newline < size // 2 else newline + 1
         blocks.append(text[start:end])
         start = end
@@ -117,7 +120,6 @@ class Corpus:
 
     encoding: tiktoken.Encoding
     tokens: dict[str, np.ndarray]  # split -> (N,) token ids
-    n_bytes: dict[str, int]  # split -> UTF-8 bytes of its text
     counts: np.ndarray  # (V,) how often each token occurs in the training split
     token_bytes: np.ndarray  # (V,) UTF-8 bytes of each token, for bits per byte
     key: str  # cache key: hash of the split texts and the tokenizer
@@ -144,7 +146,6 @@ def load_corpus(data: DataConfig, tok: TokenizerConfig, cache: Path | None = Non
     return Corpus(
         encoding=enc,
         tokens=tokens,
-        n_bytes=meta["n_bytes"],
         counts=np.load(folder / "counts.npy"),
         token_bytes=tokenizer.token_byte_lengths(enc),
         key=key,
@@ -157,12 +158,11 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, texts: dict[str, str]) -
     dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        meta = {"dtype": np.dtype(dtype).name, "n_tokens": {}, "n_bytes": {}}
+        meta = {"dtype": np.dtype(dtype).name, "n_tokens": {}}
         for s in SPLITS:
             ids = np.array(enc.encode_ordinary(texts[s]), dtype=dtype)
             ids.tofile(tmp / f"{s}.bin")
             meta["n_tokens"][s] = len(ids)
-            meta["n_bytes"][s] = len(texts[s].encode())
             if s == "train":
                 np.save(tmp / "counts.npy", np.bincount(ids, minlength=enc.n_vocab).astype(np.int64))
         (tmp / "meta.json").write_text(json.dumps(meta))
@@ -195,8 +195,8 @@ def get_batch(tokens: np.ndarray, batch_size: int, block_size: int, generator: t
     """Random windows of the training split: inputs (B, T) and next-token targets (B, T)."""
     if len(tokens) <= block_size:
         raise TiecliError(f"the training split has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}")
-    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator).tolist()
-    window = torch.from_numpy(np.stack([tokens[i : i + block_size + 1].astype(np.int64) for i in starts]))  # (B, T+1)
+    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator).numpy()
+    window = torch.from_numpy(tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int64))  # (B, T+1)
     return window[:, :-1], window[:, 1:]
 
 

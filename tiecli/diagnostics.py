@@ -81,11 +81,13 @@ def form_pairs(enc: tiktoken.Encoding, path: str | None) -> tuple[list[tuple[int
 
 
 @torch.no_grad()
-def embedding_geometry(emb: Embeddings, emb0: Embeddings | None, counts: np.ndarray, buckets: np.ndarray,
+def embedding_geometry(emb: Embeddings, emb0: Embeddings, counts: np.ndarray, buckets: np.ndarray,
                        pairs: list, pairs_info: dict, seed: int) -> dict:
     """One geometry.json entry: geometry.measure() of the effective matrices, drift against emb0."""
-    w_in, w_out = emb.input_matrix().cpu(), emb.output_matrix().cpu()  # (V, C) each
-    w_in0, w_out0 = (emb0.input_matrix().cpu(), emb0.output_matrix().cpu()) if emb0 is not None else (None, None)
+    w_in, w_in0 = emb.input_matrix().cpu(), emb0.input_matrix().cpu()  # (V, C) each
+    # One object when the mode has one matrix: measure() then knows it is tied and measures it once.
+    w_out = w_in if emb.one_matrix else emb.output_matrix().cpu()
+    w_out0 = w_in0 if emb.one_matrix else emb0.output_matrix().cpu()
     return {**geometry.measure(w_in, w_out, counts, buckets, w_in0, w_out0, pairs, seed=seed), "pairs": pairs_info}
 
 
@@ -115,6 +117,7 @@ def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | 
         number = int(step)
         emb = embeddings_from_state(checkpoint.load(run_dir / rundir.SNAPSHOTS / f"step_{number}.pt")["emb"], config.model)
     corpus = load_corpus(config.data, config.tokenizer)
+    rundir.check_corpus(run_dir, corpus.key)
     pairs, pairs_info = form_pairs(corpus.encoding, pairs_path or config.diag.pairs)
     buckets = corpus.buckets(config.eval.buckets)
     entry = {"step": number, **embedding_geometry(emb, init, corpus.counts, buckets, pairs, pairs_info, config.diag.seed)}

@@ -76,8 +76,9 @@ GEOMETRY_ROWS = (
 AGREEMENT_ROWS = (("row_cosine", "input/output cosine per token"), ("knn_overlap", "10-NN overlap"), ("cka", "linear CKA"))
 
 
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.4g}"
+def num(value, spec: str = ".4g") -> str:
+    """A number for a table; "-" where there is none."""
+    return "-" if value is None else format(value, spec)
 
 
 def geometry_table(entry: dict, title: str) -> Table:
@@ -89,10 +90,10 @@ def geometry_table(entry: dict, title: str) -> Table:
         table.add_column(name, justify="right")
     for key, label in GEOMETRY_ROWS:
         if any(key in side for _, side in sides):
-            table.add_row(label, *(_num(side.get(key)) for _, side in sides))
+            table.add_row(label, *(num(side.get(key)) for _, side in sides))
     if "forms_n_pairs" in entry["input"]:
         table.add_row("related forms: pairs used", *(str(side["forms_n_pairs"]) for _, side in sides))
     for key, label in AGREEMENT_ROWS:
         if entry["agreement"]:
-            table.add_row(label, _num(entry["agreement"][key]), *[""] * (len(sides) - 1))
+            table.add_row(label, num(entry["agreement"][key]), *[""] * (len(sides) - 1))
     return table

@@ -89,9 +89,9 @@ def evaluate_run(run_dir: Path, config: Config, split: str) -> dict:
     device = pick_device(config.device)
     model, ckpt = checkpoint.load_model(run_dir, config.model)
     corpus = load_corpus(config.data, config.tokenizer)
+    rundir.check_corpus(run_dir, corpus.key)
     autocast = autocast_for(device, pick_dtype(config.dtype, device))
     metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast)
     metrics["step"] = ckpt["state"]["step"]
-    path = run_dir / rundir.EVAL
-    rundir.write_json(path, {**(rundir.read_json(path) if path.exists() else {}), split: metrics})
+    rundir.record_eval(run_dir, metrics)
     return metrics

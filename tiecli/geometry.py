@@ -438,12 +438,12 @@ def measure(W_in, W_out, counts, buckets, W_in0=None, W_out0=None, pairs=(), see
     {"n_tokens", "tied", "input": {...}, "output": {...}, "agreement": {...} or None}.
     Each side holds row_norms, anisotropy, isotropy and spectrum keys, drift keys when that
     side's W0 is given, forms_* keys when pairs are given. When W_in and W_out are the same
-    tensor or equal ("tied"), the side metrics are computed once and agreement is None
+    tensor ("tied"), the side metrics are computed once and agreement is None
     (it would be trivially 1)."""
     idx = _occurring(counts)
     counts_occ, buckets_occ = np.asarray(counts)[idx], np.asarray(buckets)[idx]
-    same_kind = W_in.shape == W_out.shape and W_in.dtype == W_out.dtype
-    tied = W_in is W_out or (same_kind and torch.equal(W_in, W_out))
+    # Tied is structural: untied_init and hybrid start with equal matrices, yet they are two.
+    tied = W_in is W_out
     pair_rows = _pair_rows(pairs, idx, W_in.shape[0]) if len(pairs) else None
 
     rows_in = _Rows(W_in, idx)

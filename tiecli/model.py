@@ -41,6 +41,11 @@ class GPTConfig:
             raise ValueError(f"shared_fraction={self.shared_fraction} is not in [0, 1]")
         if not 1 <= self.rank <= self.n_embd:
             raise ValueError(f"rank={self.rank} is not in [1, n_embd={self.n_embd}]")
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} is not in [0, 1)")
 
     @property
     def n_shared(self) -> int:
@@ -116,6 +121,11 @@ class Embeddings(nn.Module):
         """Whether some parameter feeds both the input and the output side."""
         return "shared" in self.roles.values()
 
+    @property
+    def one_matrix(self) -> bool:
+        """Whether the effective input and output matrices are one tensor (scales and bias aside)."""
+        return self.mode in ("tied", "tied_bias", "scaled")
+
     def _wte(self, side: str) -> torch.Tensor:
         """wte as used on one side ("in" or "out"): a view of it, hooked while gradients are recorded."""
         if not self.shared:
@@ -148,7 +158,10 @@ class Embeddings(nn.Module):
         return self._wte("out")
 
     def encode(self, idx: torch.Tensor) -> torch.Tensor:
-        x = F.embedding(idx, self.input_matrix())  # (B, T, C)
+        if self.mode == "partial":  # look up both column blocks: no (V, C) concatenation per step
+            x = torch.cat([F.embedding(idx, self._wte("in")), F.embedding(idx, self.wte_own)], dim=-1)  # (B, T, C)
+        else:
+            x = F.embedding(idx, self.input_matrix())  # (B, T, C)
         return x * self.input_scale if self.input_scale != 1.0 else x
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:

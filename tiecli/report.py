@@ -35,6 +35,7 @@ from rich.table import Table
 from scipy import stats
 
 from tiecli import rundir
+from tiecli.display import num as _num
 from tiecli.errors import TiecliError
 
 GROUPS = ("model", "tying", "data", "tokenizer")  # the config groups whose choices name a run
@@ -511,9 +512,6 @@ DIAG_COLUMNS = DYNAMICS_COLUMNS + GEOMETRY_COLUMNS
 METRICS = ("loss", "perplexity", "bits_per_byte", "tokens_per_s")
 
 
-def _num(value, spec: str = ".4g") -> str:
-    return "-" if value is None else format(value, spec)
-
 
 def _stat(ci: dict | None, key: str = "mean", spec: str = ".4g") -> str:
     return _num(ci[key] if ci else None, spec)
@@ -655,6 +653,7 @@ def result_rows(groups, comparisons, equal, target) -> list[dict]:
         for key, ci in g["stats"].items():
             row |= _flat_ci(key, ci)
         row |= _flat_ci("delta_ppl_pct", c and c["perplexity"]) | _flat_ci("delta_steps_pct", c and c["steps"])
+        row |= _flat_ci("delta_loss", c and c["loss"])
         row |= _flat_ci("equal_params_delta_ppl_pct", eq.get("perplexity")) | _flat_ci("equal_params_base_perplexity", eq.get("base_perplexity"))
         row["equal_params_note"] = " and ".join(eq["between"]) if "between" in eq else eq.get("why")
         rows.append(row)

@@ -107,6 +107,21 @@ def truncate_after(run_dir: Path, last_step: int) -> None:
         (run_dir / EVAL).unlink(missing_ok=True)
 
 
+def record_eval(run_dir: Path, metrics: dict) -> None:
+    """Add a whole-split evaluation to eval.json, under its split, keeping the other splits'."""
+    path = Path(run_dir) / EVAL
+    write_json(path, {**(read_json(path) if path.exists() else {}), metrics["split"]: metrics})
+
+
+def check_corpus(run_dir: Path, key: str) -> None:
+    """Refuse to resume or evaluate a run on data other than what it was trained on."""
+    path = Path(run_dir) / SUMMARY
+    trained = read_json(path).get("corpus", {}).get("key") if path.exists() else None
+    if trained is not None and trained != key:
+        raise TiecliError(f"the data or tokenizer changed since {Path(run_dir).name!r} was trained "
+                          f"(corpus key {trained}, now {key}): its token ids would not mean the same")
+
+
 def flatten(tree: dict, prefix: str = "") -> dict:
     """{"train": {"lr": 1}} -> {"train.lr": 1}: configs compared key by key."""
     flat = {}

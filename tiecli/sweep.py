@@ -36,6 +36,7 @@ from rich.live import Live
 from rich.table import Table
 
 from tiecli import config, rundir
+from tiecli.display import num
 from tiecli.errors import ConfigError, TiecliError
 
 MANIFEST = "sweep.json"
@@ -325,7 +326,7 @@ def _announce(console: Console, job: dict, jobs: list[dict], sweep_dir: Path) ->
         detail = f" (attempt {job['attempts']})"
     elif job["state"] == "completed":
         p = progress(sweep_dir / job["run_dir"])
-        detail = f" at step {p['step']}, val loss {_num(p['val_loss'])}"
+        detail = f" at step {p['step']}, val loss {num(p['val_loss'], '.4f')}"
     elif job["state"] == "failed":
         detail = f" (exit {job['exit_code']}): {_last_error_line(job)}"
     elif job["state"] == "interrupted":
@@ -385,7 +386,7 @@ def jobs_table(jobs: list[dict], sweep_dir: Path, cache: dict) -> Table:
         steps = f"{p['step']}/{p['max_steps']}" if p["max_steps"] else "-"
         eta = f"{int(p['eta']) // 60}m{int(p['eta']) % 60:02d}s" if p["eta"] is not None else "-"
         state = f"[{STATE_STYLES[job['state']]}]{job['state']}[/]"
-        table.add_row(job["name"], state, steps, _num(p["loss"]), _num(p["val_loss"]), eta)
+        table.add_row(job["name"], state, steps, num(p["loss"], ".4f"), num(p["val_loss"], ".4f"), eta)
     return table
 
 
@@ -395,10 +396,6 @@ def _shown(path: Path) -> Path:
         return path.relative_to(Path.cwd())
     except ValueError:
         return path
-
-
-def _num(x) -> str:
-    return "-" if x is None else f"{x:.4f}"
 
 
 def dry_run_lines(sweep_dir: Path, manifest: dict) -> list[str]:

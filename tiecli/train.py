@@ -105,7 +105,9 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
     # Everything a checkpoint must carry besides weights, optimizer and RNG to resume exactly.
     state = {"step": 0, "tokens": 0, "train_time": 0.0, "wall_time": 0.0,
              "best_val_loss": None, "best_val_step": None, "loss_sum": 0.0, "loss_n": 0}
-    if resume and ckpt_path.exists():
+    resumed = resume and ckpt_path.exists()
+    if resumed:
+        rundir.check_corpus(run_dir, corpus.key)
         ckpt = checkpoint.load(ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -185,7 +187,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
     try:
         with StopFlag() as stop, _progress(console) as progress:
             task = progress.add_task(run_dir.name, total=max_steps, completed=state["step"], loss=float("nan"), tps=0.0)
-            if state["step"] == 0:
+            if not resumed:  # a checkpoint at step 0 (stopped before the first step) already has these
                 _log(run_dir, state, {"step": 0, "tokens": 0, "lr": 0.0}, val_subset())
                 record_geometry(0)
             interval_start, interval_tokens = time.perf_counter(), 0
@@ -196,7 +198,8 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
                     group["lr"] = lr
                 diag_now = d.every > 0 and (state["step"] + 1) % d.every == 0
                 model.emb.record_grads, model.emb.grads = diag_now, {}
-                present = torch.zeros(config.model.vocab_size, dtype=torch.bool, device=device)  # tokens in the inputs
+                if diag_now:
+                    present = torch.zeros(config.model.vocab_size, dtype=torch.bool, device=device)  # tokens in the inputs
                 for _ in range(t.grad_accum):
                     x, y = get_batch(corpus.tokens["train"], t.batch_size, config.model.block_size, sampler)
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -240,8 +243,7 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
                 raise Interrupted(f"interrupted at step {state['step']}/{max_steps}; checkpoint saved, continue with --resume")
             final = evaluate(model, corpus, "val", buckets, device, autocast)
             final["step"] = state["step"]
-        evals = rundir.read_json(run_dir / rundir.EVAL) if (run_dir / rundir.EVAL).exists() else {}
-        rundir.write_json(run_dir / rundir.EVAL, {**evals, "val": final})
+        rundir.record_eval(run_dir, final)
         finish("completed", final_val=_brief(final))
         return summary
     except Interrupted:
