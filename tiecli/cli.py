@@ -29,7 +29,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 Overrides = Annotated[list[str] | None, typer.Argument(help="Hydra overrides: GROUP=CHOICE or KEY=VALUE, e.g. tying=untied train.lr=1e-3", show_default=False)]
-ConfigDir = Annotated[Path | None, typer.Option("--config-dir", help="A folder of your own config files, searched before tiecli's conf/ (add e.g. model/huge.yaml)")]
+ConfigDir = Annotated[Path | None, typer.Option("--config-dir", help="A folder of your own config files: they add to tiecli's conf/ (e.g. model/huge.yaml) and replace its files of the same name")]
 
 
 @contextlib.contextmanager

@@ -126,7 +126,7 @@ def group_options(group: str, config_dirs: list[Path]) -> list[str]:
     return sorted({p.stem for d in config_dirs for p in (d / group).glob("*.yaml")})
 
 
-def _config_dirs(config_dir: Path | None) -> list[Path]:
+def config_dirs(config_dir: Path | None) -> list[Path]:
     """The user's folder first (its files win), then tiecli's own conf/."""
     dirs = [default_config_dir()]
     if config_dir is not None:
@@ -154,7 +154,7 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
             raise ConfigError(f"{o.input_line!r} is a sweep (several values); run it with `tiecli sweep`, or give one value")
         if o.is_add() or o.is_delete() or o.is_force_add():
             raise ConfigError(f"{o.input_line!r} adds or deletes a key; tiecli only changes keys conf/ defines")
-    dirs = _config_dirs(config_dir)
+    dirs = config_dirs(config_dir)
     check_choices(parsed, dirs)
     group_overrides = [o.input_line for o in parsed if o.key_or_group in GROUPS]
     with _merged(dirs) as primary, initialize_config_dir(config_dir=primary, version_base=None):

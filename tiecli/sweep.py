@@ -134,7 +134,7 @@ def default_name(study: str | None, overrides: list[str]) -> str:
 
 def plan(overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None) -> tuple[Path, dict]:
     """The sweep folder and its manifest, every job composed and checked first; writes nothing."""
-    dirs = config._config_dirs(config_dir)
+    dirs = config.config_dirs(config_dir)
     study, entries = expand(overrides, dirs)
     jobs = []
     for combo in itertools.product(*(lines for _, lines in entries)):
