@@ -1,5 +1,7 @@
 """Shared test setup: one tokenizer/data cache per session, and each test in its own working folder."""
 
+import dataclasses
+
 import pytest
 
 # Small and fast: a 2-layer, 64-wide model on 32-token windows of the bundled corpus, byte tokens.
@@ -23,3 +25,15 @@ def isolated(tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def conf(*overrides):
+    """The checked Config that conf/ composes with these overrides: defaults come from conf/ alone."""
+    from tiecli import config
+
+    return config.to_config(config.compose(list(overrides))[0])
+
+
+def data_config(**changes):
+    """The default data settings with some changed."""
+    return dataclasses.replace(conf().data, **changes)

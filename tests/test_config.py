@@ -1,4 +1,8 @@
+import dataclasses
+
 import pytest
+from omegaconf import OmegaConf
+from typer.testing import CliRunner
 
 from tiecli import config
 from tiecli.errors import ConfigError
@@ -61,7 +65,8 @@ def test_bad_overrides_name_the_valid_choices(override, message):
         (["model.dropout=2"], "dropout=2.0 is not in [0, 1)"),
         (["model.block_size=0"], "block_size=0 must be at least 1"),
         (["model.n_layer=0"], "n_layer=0 must be at least 1"),
-        (["eval.buckets=[a,b]"], "eval.buckets=['a', 'b'] must be two increasing fractions"),
+        (["eval.buckets=[a,b]"], "eval.buckets[0]='a' has the wrong type; expected float"),
+        (["eval.buckets=[0.5]"], "eval.buckets=[0.5] must be two increasing fractions"),
         (["train=5"], "train=5 must be a group of keys"),
         (["seed=abc"], "seed='abc' has the wrong type; expected int"),
     ],
@@ -71,6 +76,98 @@ def test_bad_values_are_refused_in_one_line(override, message):
         config.to_config(config.compose(override)[0])
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_the_dataclasses_have_no_defaults_conf_has_them():
+    for cls in (config.TrainConfig, config.DataConfig, config.TokenizerConfig, config.EvalConfig, config.DiagConfig,
+                config.Settings, config.ModelShape, config.Composed, config.Config):
+        fields = dataclasses.fields(cls)
+        assert [f.name for f in fields if (f.default, f.default_factory) != (dataclasses.MISSING,) * 2] == [], cls.__name__
+    sizes = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"}
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(config.GPTConfig) if f.name in sizes)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["train.lr=inf"], "train.lr=inf must be finite (not inf or nan)"),
+        (["train.weight_decay=inf"], "train.weight_decay=inf must be finite"),
+        (["train.grad_clip=nan"], "train.grad_clip=nan must be finite"),
+        (["train.min_lr=-inf"], "train.min_lr=-inf must be finite"),
+        (["model.dropout=nan"], "model.dropout=nan must be finite"),
+        (["tying=partial", "tying.shared_fraction=nan"], "tying.shared_fraction=nan must be finite"),
+        (["eval.buckets=[0.5,inf]"], "eval.buckets=[0.5, inf] must be finite"),
+        (["train.beta1=2"], "train.beta1=2.0 is not in [0, 1)"),
+        (["train.beta1=1"], "train.beta1=1.0 is not in [0, 1)"),
+        (["train.beta2=-1"], "train.beta2=-1.0 is not in [0, 1)"),
+        (["seed=99999999999999999999999"], "seed=99999999999999999999999 is not valid; a seed is an integer in [0, 2**63)"),
+        (["seed=-1"], "seed=-1 is not valid; a seed is an integer in [0, 2**63)"),
+        (["diag.seed=-1"], "diag.seed=-1 is not valid"),
+        (["seed=1.5"], "seed=1.5 has the wrong type; expected int"),
+        (["train.lr=${oops}"], "train.lr='${oops}' cannot be resolved: Interpolation key 'oops' not found"),
+        (["train.lr=${data.name}"], "train.lr='${data.name}' (= 'shakespeare') has the wrong type; expected float"),
+        (["train.max_tokens=abc"], "train.max_tokens='abc' has the wrong type; expected int or null"),
+        (["eval.buckets=5"], "eval.buckets=5 has the wrong type; expected a list of float"),
+        (["model=nano", "model=micro"], "'model' is given twice on the command line ('model=nano' and 'model=micro'); give it once"),
+        (["train.lr=1", "train.lr=2"], "'train.lr' is given twice on the command line ('train.lr=1' and 'train.lr=2')"),
+        (["model.n_head=0"], "n_head=0 must be at least 1"),
+        (["trainn.lr=1"], "unknown config key 'trainn'; valid keys at the top level: compile, data, device, diag, dtype, eval, model,"),
+        (["seed.value=1"], "unknown config key 'seed.value': 'seed' is a single value, not a group of keys"),
+    ],
+)
+def test_new_checks_refuse_in_one_line(override, message):
+    with pytest.raises(ConfigError) as e:
+        config.to_config(config.compose(override)[0])
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_compose_refuses_an_interpolation_that_cannot_resolve():
+    with pytest.raises(ConfigError, match=r"^seed='\$\{oops\}' cannot be resolved: Interpolation key 'oops' not found$"):
+        config.compose(["seed=${oops}"])  # before run_name and to_yaml, which resolve it
+
+
+def test_interpolations_that_resolve_are_fine():
+    c = config.to_config(config.compose(["train.min_lr=${train.lr}", "train.lr=1e-3"])[0])
+    assert c.train.min_lr == c.train.lr == 1e-3
+
+
+def test_a_tied_model_narrower_than_the_hybrid_rank_is_fine():
+    c = config.to_config(config.compose(["model.n_embd=8", "model.n_head=2"])[0])
+    assert (c.model.n_embd, c.model.tying) == (8, "tied")
+    with pytest.raises(ConfigError, match=r"rank=16 is not in \[1, n_embd=8\]"):
+        config.to_config(config.compose(["model.n_embd=8", "model.n_head=2", "tying=hybrid"])[0])
+
+
+def test_a_stored_config_is_checked_against_the_schema_too():
+    cfg = config.compose([])[0]
+    OmegaConf.set_struct(cfg, False)  # as a config.yaml read back from a run directory
+    for key, message in [("train.foo", "unknown config key 'train.foo'; valid keys under 'train': batch_size, beta1"),
+                         ("foo", "unknown config key 'foo'; valid keys at the top level: compile, data")]:
+        bad = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}=1"]))
+        with pytest.raises(ConfigError, match=message):
+            config.to_config(bad)
+    del cfg.train["lr"]
+    with pytest.raises(ConfigError, match="train.lr is required"):
+        config.to_config(cfg)
+
+
+def test_check_unique_names_both_overrides():
+    config.check_unique(config.parse_overrides(["model=nano", "model.n_layer=3"]), "here")
+    with pytest.raises(ConfigError, match=r"'seed' is given twice in study 'x' \('seed=1' and 'seed=2'\)"):
+        config.check_unique(config.parse_overrides(["seed=1", "seed=2"]), "in study 'x'")
+
+
+@pytest.mark.parametrize("command", ["train", "info"])
+@pytest.mark.parametrize("override", ["train.lr=inf", "train.beta1=2", "seed=-1", "train.lr=${oops}", "model=nano model=micro"])
+def test_the_cli_exits_2_with_one_line_and_no_run(isolated, command, override):
+    # Imported here, so the rest of this file does not depend on the CLI module.
+    from tiecli.cli import app
+
+    result = CliRunner().invoke(app, [command, *override.split()])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.strip().count("\n") == 0, result.output
+    assert not (isolated / "runs").exists()
 
 
 def test_run_name_is_readable_and_distinguishes_settings():
@@ -100,13 +197,6 @@ def test_config_dir_adds_choices_and_wins(tmp_path):
         config.compose(["model=giant"], config_dir=tmp_path)
     with pytest.raises(ConfigError, match="is not a folder"):
         config.compose([], config_dir=tmp_path / "missing")
-
-
-def test_check_unchanged_names_the_differences():
-    cfg = config.compose([])[0]
-    config.check_unchanged(cfg, config.compose([])[0])
-    with pytest.raises(ConfigError, match=r"train.lr: 0.003 -> 0.001"):
-        config.check_unchanged(cfg, config.compose(["train.lr=1e-3"])[0])
 
 
 def test_packaged_conf_is_found():

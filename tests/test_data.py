@@ -3,27 +3,27 @@ import pytest
 import torch
 
 from tiecli import data
-from tiecli.config import DataConfig, TokenizerConfig
+from conftest import conf, data_config
 from tiecli.errors import TiecliError
 
 
 def test_shakespeare_split_is_by_whole_plays_and_ignores_the_training_seed():
-    docs = data.load_documents(DataConfig())
+    docs = data.load_documents(data_config())
     assert len(docs) == 42
-    texts = data.split_texts(docs, DataConfig())
-    assert texts == data.split_texts(docs, DataConfig())  # deterministic
+    texts = data.split_texts(docs, data_config())
+    assert texts == data.split_texts(docs, data_config())  # deterministic
     held_out = [t for _, t in docs if t in texts["val"] or t in texts["test"]]
     assert held_out and all(t not in texts["train"] for t in held_out)
     total = sum(len(t) for _, t in docs)
     for split in ("val", "test"):
         assert 0.05 * total <= len(texts[split]) < 0.2 * total
-    assert data.split_texts(docs, DataConfig(split_seed=1)) != texts
+    assert data.split_texts(docs, data_config(split_seed=1)) != texts
 
 
 def test_block_split_of_one_file_is_disjoint_and_complete(tmp_path):
     lines = [f"line {i} of the notes\n" for i in range(5000)]
     (tmp_path / "notes.txt").write_text("".join(lines))
-    cfg = DataConfig(name="textfile", path=str(tmp_path / "notes.txt"), split="block", n_blocks=50)
+    cfg = data_config(name="textfile", path=str(tmp_path / "notes.txt"), split="block", n_blocks=50)
     texts = data.split_texts(data.load_documents(cfg), cfg)
     seen = [set(texts[s].splitlines()) for s in data.SPLITS]
     assert all(seen) and not (seen[0] & seen[1]) and not (seen[0] & seen[2]) and not (seen[1] & seen[2])
@@ -34,8 +34,8 @@ def test_textfile_accepts_folders_and_globs(tmp_path):
     for i in range(3):
         (tmp_path / f"part{i}.md").write_text(f"document {i}\n" * 50)
     (tmp_path / ".hidden").write_text("never read")
-    by_folder = data.load_documents(DataConfig(name="textfile", path=str(tmp_path)))
-    by_glob = data.load_documents(DataConfig(name="textfile", path=str(tmp_path / "*.md")))
+    by_folder = data.load_documents(data_config(name="textfile", path=str(tmp_path)))
+    by_glob = data.load_documents(data_config(name="textfile", path=str(tmp_path / "*.md")))
     assert [t for _, t in by_folder] == [t for _, t in by_glob] and len(by_glob) == 3
 
 
@@ -51,7 +51,7 @@ def test_textfile_accepts_folders_and_globs(tmp_path):
 def test_bad_textfile_paths_give_clear_errors(tmp_path, setup, message):
     target = tmp_path / "input"
     setup(target)
-    cfg = DataConfig(name="textfile", path=str(target), split="block")
+    cfg = data_config(name="textfile", path=str(target), split="block")
     with pytest.raises(TiecliError) as e:
         data.split_texts(data.load_documents(cfg), cfg)
     assert message in str(e.value) and "\n" not in str(e.value)
@@ -60,30 +60,30 @@ def test_bad_textfile_paths_give_clear_errors(tmp_path, setup, message):
 @pytest.mark.parametrize("text", ["one long line of words " * 5000, "a first long line " * 3000 + "\n" + "and a second " * 3000])
 def test_text_too_short_to_split_is_a_clear_error(tmp_path, text):
     (tmp_path / "short.txt").write_text(text)
-    cfg = DataConfig(name="textfile", path=str(tmp_path / "short.txt"), split="block")
+    cfg = data_config(name="textfile", path=str(tmp_path / "short.txt"), split="block")
     with pytest.raises(TiecliError, match=r"cuts into only [12] block\(s\) at line ends"):
         data.split_texts(data.load_documents(cfg), cfg)
 
 
 def test_three_blocks_give_three_non_empty_splits(tmp_path):
     (tmp_path / "three.txt").write_text("".join(f"line {i}\n" for i in range(3)))
-    cfg = DataConfig(name="textfile", path=str(tmp_path / "three.txt"), split="block", n_blocks=3, test_fraction=0.6, val_fraction=0.3)
+    cfg = data_config(name="textfile", path=str(tmp_path / "three.txt"), split="block", n_blocks=3, test_fraction=0.6, val_fraction=0.3)
     texts = data.split_texts(data.load_documents(cfg), cfg)
     assert all(texts[s] for s in data.SPLITS)
 
 
 def test_glob_matching_nothing_is_an_error(tmp_path):
     with pytest.raises(TiecliError, match="matches no files"):
-        data.load_documents(DataConfig(name="textfile", path=str(tmp_path / "*.txt")))
+        data.load_documents(data_config(name="textfile", path=str(tmp_path / "*.txt")))
 
 
 def test_corpus_is_cached_and_consistent(monkeypatch):
-    corpus = data.load_corpus(DataConfig(), TokenizerConfig(name="bytes", vocab_size=256))
+    corpus = data.load_corpus(data_config(), conf("tokenizer=bytes").tokenizer)
     assert corpus.encoding.n_vocab == 256
     assert corpus.counts.sum() == len(corpus.tokens["train"])
     assert (corpus.token_bytes == 1).all()  # one byte per token
     monkeypatch.setattr(data, "_write_tokens", lambda *a: pytest.fail("tokenized again despite the cache"))
-    again = data.load_corpus(DataConfig(), TokenizerConfig(name="bytes", vocab_size=256))
+    again = data.load_corpus(data_config(), conf("tokenizer=bytes").tokenizer)
     assert again.key == corpus.key and np.array_equal(again.tokens["val"], corpus.tokens["val"])
 
 

@@ -1,10 +1,12 @@
 import json
+import math
 
 import pytest
 import torch
 
 from conftest import TINY
-from tiecli import config, diagnostics, rundir, train
+from tiecli import config, diagnostics, geometry, rundir, tokenizer, train
+from tiecli.errors import TiecliError
 from tiecli.cli import app
 from tiecli.model import GPT, GPTConfig
 from typer.testing import CliRunner
@@ -51,10 +53,13 @@ def test_interference_on_known_gradients():
     present = torch.tensor([True, True, True, False, False, False])
     buckets = torch.tensor([0, 1, 2, 0, 1, 2])
     aligned = diagnostics.interference(g, 2 * g, present, buckets)
-    assert aligned["grad_cos"] == pytest.approx(1) and aligned["grad_cancel"] == pytest.approx(0, abs=1e-6)
+    assert aligned["grad_cos"] == pytest.approx(1) and aligned["grad_cancel"] == pytest.approx(-0.8)
     assert aligned["grad_norm_ratio"] == pytest.approx(0.5) and aligned["grad_neg_rows"] == 0
     opposed = diagnostics.interference(g, -g, present, buckets)
     assert opposed["grad_cos"] == pytest.approx(-1) and opposed["grad_cancel"] == pytest.approx(1)
+    # computed from the dot product, where sqrt(1 - grad_cancel) magnifies float32 rounding at
+    # full cancellation (and only there) to a few hundredths of a percent
+    assert opposed["grad_norm_lost_pct"] == pytest.approx(100, abs=0.1)
     assert opposed["grad_neg_rows"] == 1 and opposed["grad_cos_rare"] == pytest.approx(-1)
     # Orthogonal halves: rows 0-1 aligned, row 2 opposed, row 3 (absent) only on the output side.
     g_out = g.clone()
@@ -69,10 +74,123 @@ def test_interference_on_known_gradients():
     assert mixed["grad_cos_frequent"] == pytest.approx(1) and mixed["grad_cos_rare"] == pytest.approx(-1)
 
 
+def two_paths(relation: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """G_in and G_out with norms 1 and 2 (squares summing to 5), in the given relation."""
+    a = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+    a /= a.norm()
+    if relation == "orthogonal":
+        b = torch.randn(40, 8, generator=torch.Generator().manual_seed(1))
+        b -= (b * a).sum() * a  # Gram-Schmidt: <a, b> = 0
+        return a, 2 * b / b.norm()
+    return a, 2 * a if relation == "aligned" else -2 * a
+
+
+@pytest.mark.parametrize("relation, cancel, lost_pct", [
+    # |a + b|^2 = 5 + 2<a, b>: against orthogonal paths (5) it shrinks by -2<a, b> / 5
+    ("orthogonal", 0.0, 0.0),  # the old 1 - |a + b| / (|a| + |b|) read 1 - sqrt(5) / 3 = 0.25 here
+    ("opposed", 0.8, 100 * (1 - 1 / math.sqrt(5))),  # <a, b> = -2: |a + b| = 1
+    ("aligned", -0.8, 100 * (1 - 3 / math.sqrt(5))),  # <a, b> = 2: |a + b| = 3, a gain
+])
+def test_cancellation_against_orthogonal_paths(relation, cancel, lost_pct):
+    g_in, g_out = two_paths(relation)
+    present = torch.ones(40, dtype=torch.bool)
+    stats = diagnostics.interference(g_in, g_out, present, torch.zeros(40, dtype=torch.long))
+    assert stats["grad_cancel"] == pytest.approx(cancel, abs=1e-6)
+    assert stats["grad_norm_lost_pct"] == pytest.approx(lost_pct, abs=1e-4)
+
+
+def test_cancellation_of_zero_gradients_is_undefined():
+    zeros = torch.zeros(4, 3)
+    stats = diagnostics.interference(zeros, zeros, torch.ones(4, dtype=torch.bool), torch.zeros(4, dtype=torch.long))
+    assert stats["grad_cancel"] is None and stats["grad_norm_lost_pct"] is None
+    assert stats["grad_cos_null_mean"] is None and stats["grad_cos_z"] is None
+
+
+def null_stats(g_in, g_out, **kwargs):
+    n = len(g_in)
+    present = torch.arange(n) < n - 10  # the last 10 rows are absent and must not enter the null
+    return diagnostics.interference(g_in, g_out, present, torch.zeros(n, dtype=torch.long), **kwargs)
+
+
+def test_permutation_null_sees_token_level_agreement():
+    g = torch.Generator().manual_seed(2)
+    g_in = torch.randn(500, 16, generator=g)
+    g_out = g_in + 0.5 * torch.randn(500, 16, generator=g)  # each token's two gradients agree
+    g_out[-10:] = g_in[-10:] = 0
+    stats = null_stats(g_in, g_out, seed=0, step=10)
+    assert stats["grad_cos_present"] == pytest.approx(1 / math.sqrt(1.25), abs=0.02)
+    # shuffled rows are independent: mean 0, sd 1 / sqrt(P C) = 0.011
+    assert abs(stats["grad_cos_null_mean"]) < 0.02 and 0.005 < stats["grad_cos_null_sd"] < 0.02
+    assert stats["grad_cos_z"] > 30
+
+
+def test_permutation_null_discounts_a_direction_every_row_shares():
+    g = torch.Generator().manual_seed(3)
+    shared = torch.randn(16, generator=g)
+    # both paths carry the same direction in every row, plus unrelated noise of the same norm:
+    # cos ~ 0.5 although no token's two gradients agree beyond what all tokens share
+    g_in = shared + shared.norm() * torch.randn(500, 16, generator=g) / 4
+    g_out = shared + shared.norm() * torch.randn(500, 16, generator=g) / 4
+    stats = null_stats(g_in, g_out, seed=0, step=10)
+    assert stats["grad_cos_present"] == pytest.approx(0.5, abs=0.05)
+    assert stats["grad_cos_null_mean"] == pytest.approx(stats["grad_cos_present"], abs=0.02)
+    assert abs(stats["grad_cos_z"]) < 3
+
+
+def test_permutation_null_is_seeded_and_leaves_the_global_rng_alone():
+    g = torch.Generator().manual_seed(4)
+    g_in, g_out = torch.randn(200, 8, generator=g), torch.randn(200, 8, generator=g)
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    first = null_stats(g_in, g_out, seed=1, step=20)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert null_stats(g_in, g_out, seed=1, step=20) == first
+    assert null_stats(g_in, g_out, seed=1, step=30)["grad_cos_null_mean"] != first["grad_cos_null_mean"]
+    assert null_stats(g_in, g_out, seed=2, step=20)["grad_cos_null_mean"] != first["grad_cos_null_mean"]
+
+
+def test_permutation_null_needs_two_present_rows():
+    g_in, g_out = torch.randn(12, 4), torch.randn(12, 4)
+    stats = null_stats(g_in, g_out)  # 12 - 10 = 2 present rows: defined
+    assert stats["grad_cos_null_sd"] is not None
+    present = torch.zeros(12, dtype=torch.bool)
+    present[0] = True
+    one = diagnostics.interference(g_in, g_out, present, torch.zeros(12, dtype=torch.long))
+    assert one["grad_cos_null_mean"] is None and one["grad_cos_null_sd"] is None and one["grad_cos_z"] is None
+
+
+def test_shipped_pairs_by_name():
+    enc = tokenizer.gpt2()
+    pairs, info = diagnostics.form_pairs(enc, "en")
+    assert info["source"] == "en" and info["found"] == len(pairs) > 500
+    assert info["skipped_lines"] < 50  # a few words GPT-2 splits in two
+    words = {enc.decode([t]).strip() for pair in pairs for t in pair}
+    assert {"walk", "walked", "king", "kings", "run", "ran", "good", "better", "happy", "happiness"} <= words
+    assert diagnostics.pairs_file("en") == config.default_config_dir() / "pairs" / "en.tsv"
+    with pytest.raises(TiecliError, match=r"no shipped pairs file 'xx' \(shipped: en\); give a path such as ./xx"):
+        diagnostics.form_pairs(enc, "xx")
+
+
+def test_shipped_english_pairs_file_is_well_formed():
+    path = diagnostics.pairs_file("en")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
+    assert len(lines) > 500
+    assert all(len(line.split("\t")) == 2 and line == line.strip() for line in lines)
+    assert len(set(lines)) == len(lines)
+    vocab = {}  # every word its own token: nothing may be skipped
+    pairs, skipped = geometry.read_pairs_file(path, lambda w: [vocab.setdefault(w, len(vocab))])
+    assert skipped == 0 and len(pairs) == 2 * len(lines)  # bare and with a leading space
+
+
+def test_pairs_default_to_the_shipped_english_file():
+    cfg, _ = config.compose([])
+    assert cfg.diag.pairs == "en"
+
+
 def run(tmp_path, name, *overrides):
     cfg, _ = config.compose([*TINY, *overrides])
     train.train(config.to_config(cfg), tmp_path / name, False, {rundir.CONFIG: config.to_yaml(cfg)})
-    return rundir.read_jsonl(tmp_path / name / rundir.METRICS)
+    return [r.to_dict() for r in rundir.RunReader(tmp_path / name).metrics()]
 
 
 @pytest.mark.parametrize("mode", ["tied", "untied", "partial"])
@@ -91,19 +209,22 @@ def test_diagnostics_do_not_change_training(tmp_path, mode):
 
 def test_geometry_is_recorded_at_init_and_every_evaluation(tmp_path):
     run(tmp_path, "r", "tying=untied")
-    entries = rundir.read_json(tmp_path / "r" / rundir.GEOMETRY)
+    entries = [e.to_dict() for e in rundir.RunReader(tmp_path / "r").geometry()]
     assert [e["step"] for e in entries] == [0, 6, 12]
     assert entries[0]["input"]["drift"] == 0 and entries[0]["output"]["drift"] == 0
     assert entries[-1]["input"]["drift"] > 0 and entries[-1]["agreement"]["cka"] is not None
-    assert entries[0]["n_tokens"] > 50 and entries[0]["pairs"]["source"] == "english suffix rules"
+    # byte tokens: no English word of the shipped pairs is a single token, and that is no error
+    assert entries[0]["n_tokens"] > 50 and entries[0]["pairs"]["source"] == "en" and entries[0]["pairs"]["found"] == 0
+    assert entries[0]["input"]["forms_n_pairs"] == 0 and entries[0]["input"]["forms_contrast"] is None
     assert sorted(p.name for p in (tmp_path / "r" / rundir.SNAPSHOTS).iterdir()) == ["step_0.pt", "step_12.pt", "step_6.pt"]
 
 
 def test_geometry_command(isolated):
     runner = CliRunner()
-    assert runner.invoke(app, ["train", *TINY, "tying=untied", "tokenizer=bpe", "tokenizer.vocab_size=1024", "--name", "r"]).exit_code == 0
+    tiny = [o for o in TINY if not o.startswith("tokenizer=")]  # a key may be given once
+    assert runner.invoke(app, ["train", *tiny, "tying=untied", "tokenizer=bpe", "tokenizer.vocab_size=1024", "--name", "r"]).exit_code == 0
     run_dir = isolated / "runs" / "r"
-    recorded = {e["step"]: e for e in rundir.read_json(run_dir / rundir.GEOMETRY)}
+    recorded = {e.step: e.to_dict() for e in rundir.RunReader(run_dir).geometry()}
 
     latest = json.loads(runner.invoke(app, ["geometry", str(run_dir), "--json"]).output)
     assert latest["step"] == 12 and latest["input"] == recorded[12]["input"]
@@ -119,7 +240,7 @@ def test_geometry_command(isolated):
     (isolated / "pairs.tsv").write_text("# forms\nthe\tThe\nzzzqqq\tzzzqqqs\n")
     result = runner.invoke(app, ["geometry", str(run_dir), "--pairs", "pairs.tsv", "--write"])
     assert result.exit_code == 0, result.output
-    written = rundir.read_json(run_dir / rundir.GEOMETRY)
+    written = [e.to_dict() for e in rundir.RunReader(run_dir).geometry()]
     assert [e["step"] for e in written] == [0, 6, 12]
     assert written[-1]["pairs"] == {"source": "pairs.tsv", "found": 2, "skipped_lines": 1}
     assert written[-1]["input"]["forms_n_pairs"] == 2

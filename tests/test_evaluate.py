@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from tiecli.config import DataConfig, TokenizerConfig
+from conftest import conf, data_config
 from tiecli.data import load_corpus
 from tiecli.evaluate import evaluate
 from tiecli.model import GPT, GPTConfig
@@ -14,7 +14,7 @@ def corpus(tmp_path_factory):
     import os
 
     os.environ.setdefault("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-    return load_corpus(DataConfig(), TokenizerConfig(name="bytes", vocab_size=256))
+    return load_corpus(data_config(), conf("tokenizer=bytes").tokenizer)
 
 
 def test_uniform_model_gives_known_loss_and_bits_per_byte(corpus):

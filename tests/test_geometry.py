@@ -27,9 +27,9 @@ def ones(n=N):
 
 def test_isotropic_gaussian_reads_isotropic():
     W = gaussian(0, scale=0.02)  # the models' init scale
-    # Mu & Viswanath is scale-dependent: log Z(c) ~ log n + c.mean_row + s^2 lambda_c / 2, so
-    # 1 - I <~ 2 |mean_row| + s^2 (lambda_max - lambda_min) / 2 ~ 2 * 0.02 * sqrt(C/N) = 0.005.
-    assert geometry.isotropy(W, ones())["isotropy"] > 0.99
+    # On unit rows log Z(c) ~ log n + c.mean_u + lambda_c / (2n), with |mean_u| ~ 1/sqrt(N) = 0.022
+    # and lambda_c / n within (1 +- sqrt(C/N))^2 / C: 1 - I <~ 2 * 0.022 + 0.008 ~ 0.05.
+    assert geometry.isotropy(W, ones())["isotropy"] > 0.95
     a = geometry.anisotropy(W, ones(), seed=0)
     # 10k pair cosines with sd 1/sqrt(C) = 0.18: standard error 0.002, so 0.01 is 5 sigma
     assert abs(a["anisotropy"]) < 0.01
@@ -37,13 +37,15 @@ def test_isotropic_gaussian_reads_isotropic():
     assert abs(a["cosine_to_mean"]) < 0.05
 
 
-def test_isotropy_of_unit_gaussian_follows_sample_eigenvalue_spread():
+def test_isotropy_does_not_depend_on_scale():
+    # On raw rows this cloud read 0.998 at x0.02 and 0.0008 at x5: the scale, not the shape.
     W = gaussian(1)
-    # At unit scale a finite sample is measurably anisotropic: the eigenvalues of W^T W / N
-    # spread over about [0.76, 1.27] (Marchenko-Pastur), and I ~ exp(-(lam_max - lam_min) / 2).
-    lam = torch.linalg.eigvalsh(W.double().T @ W.double() / N)
-    predicted = math.exp(-(lam[-1] - lam[0]).item() / 2)
-    assert geometry.isotropy(W, ones())["isotropy"] == pytest.approx(predicted, abs=0.1)
+    reference = geometry.isotropy(W, ones())["isotropy"]
+    for scale in (0.02, 5.0, 1e4):  # 1e4: exp(c . w) would overflow float64 on raw rows
+        assert geometry.isotropy(W * scale, ones())["isotropy"] == pytest.approx(reference, rel=1e-6)
+    # rows of mixed norms: only directions count
+    norms = torch.rand(N, 1, generator=torch.Generator().manual_seed(1)) * 100
+    assert geometry.isotropy(W * norms, ones())["isotropy"] == pytest.approx(reference, rel=1e-6)
 
 
 def test_common_vector_makes_a_narrow_cone():
@@ -53,13 +55,36 @@ def test_common_vector_makes_a_narrow_cone():
     a = geometry.anisotropy(W, ones(), seed=0)
     assert a["anisotropy"] > 0.99  # cos ~ 100^2 / (100^2 + C)
     assert a["cosine_to_mean"] > 0.99
-    assert geometry.isotropy(W, ones())["isotropy"] < 1e-6  # Z(+common) / Z(-common) ~ e^-200
+    # unit rows ~ e_3: Z(e_3) ~ N e, Z(-e_3) ~ N / e, the floor e^-2 of unit-row isotropy
+    assert geometry.isotropy(W, ones())["isotropy"] == pytest.approx(math.exp(-2), rel=0.01)
 
 
-def test_isotropy_survives_huge_norms():
-    W = gaussian(3) * 1e4  # exp(c . w) overflows float64 without logsumexp
-    iso = geometry.isotropy(W, ones())["isotropy"]
-    assert 0.0 <= iso < 1e-3 and math.isfinite(iso)
+def test_rank_one_mixed_signs_has_one_principal_component():
+    # Rows +-a_i v: random-pair cosines are +-1 half the time each and average to ~0, so
+    # anisotropy misses it; all variance lies along v.
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(N, generator=g)
+    W = torch.outer(a, torch.randn(C, generator=g))
+    r = geometry.anisotropy(W, ones(), seed=0)
+    assert abs(r["anisotropy"]) < 0.05
+    assert r["top_pc_share"] == pytest.approx(1.0, abs=1e-6)
+    # Z(v) = sum exp(+-1) = N (p e + (1 - p) / e) against Z(c) = N for c orthogonal to v
+    p = (a > 0).double().mean().item()
+    lower = min(p * math.e + (1 - p) / math.e, p / math.e + (1 - p) * math.e)
+    upper = max(p * math.e + (1 - p) / math.e, p / math.e + (1 - p) * math.e)
+    assert geometry.isotropy(W, ones())["isotropy"] == pytest.approx(min(lower, 1) / upper, rel=1e-4)
+
+
+def test_top_pc_share_of_isotropic_cloud_is_about_one_over_c():
+    share = geometry.anisotropy(gaussian(4, scale=0.02), ones())["top_pc_share"]
+    # Marchenko-Pastur: the top eigenvalue is (1 + sqrt(C/N))^2 = 1.27 times the mean
+    assert 1 / C < share < 1.5 / C
+
+
+def test_rows_in_one_direction_have_no_principal_component():
+    r = geometry.anisotropy(torch.ones(10, C) * torch.arange(1.0, 11.0)[:, None], ones(10))
+    assert r["anisotropy"] == pytest.approx(1.0) and r["top_pc_share"] is None  # no variance to share
+    assert geometry.isotropy(torch.zeros(10, C), ones(10))["isotropy"] is None
 
 
 def test_spearman_hand_computed_with_ties():
@@ -153,7 +178,22 @@ def test_identical_spaces_agree_fully():
     assert a["row_cosine"] == pytest.approx(1.0)
     assert a["knn_overlap"] == 1.0
     assert a["cka"] == pytest.approx(1.0)
+    assert a["distance"] == 0.0
     assert (a["knn_k"], a["knn_queries"], a["n_tokens"]) == (10, 300, N)
+
+
+def test_distance_between_the_spaces():
+    W, counts = gaussian(8), ones()
+    # |W - cW|_F / |W|_F = |1 - c|, whatever the rows
+    assert geometry.agreement(W, 2 * W, counts)["distance"] == pytest.approx(1.0)
+    assert geometry.agreement(W, -W, counts)["distance"] == pytest.approx(2.0)
+    assert geometry.agreement(W, torch.zeros_like(W), counts)["distance"] == pytest.approx(1.0)
+    # independent equal-scale matrices: |W_in - W_out|^2 ~ 2 |W_in|^2
+    assert geometry.agreement(W, gaussian(9), counts)["distance"] == pytest.approx(math.sqrt(2), rel=0.02)
+    W_out = W.clone()
+    counts[:10], W_out[:10] = 0, 1e3  # never-seen rows do not count
+    assert geometry.agreement(W, W_out, counts)["distance"] == 0.0
+    assert geometry.agreement(torch.zeros_like(W), W, counts)["distance"] is None
 
 
 def test_cka_ignores_rotation_and_sees_independence():
@@ -189,25 +229,73 @@ def pair_matrix():
 def test_pair_contrast_known_cosines():
     W, counts = pair_matrix(), ones(200)
     counts[5] = 0
-    r = geometry.pair_contrast(W, [(0, 1), (2, 3), (4, 5)], counts, n_random=5000, seed=3)
-    assert r["forms_n_pairs"] == 2  # (4, 5) dropped: token 5 never occurs
+    pairs = [(0, 1), (2, 3), (4, 5), (0, 0), (0, 1)]
+    r = geometry.pair_contrast(W, pairs, counts, n_random=5000, seed=3)
+    # (4, 5) dropped: token 5 never occurs; (0, 0) says nothing; (0, 1) counts once
+    assert r["forms_n_pairs"] == 2
     assert r["forms_cosine"] == pytest.approx(0.5)
     random = geometry.anisotropy(W, counts, n_pairs=5000, seed=3)["anisotropy"]
     assert r["forms_random_cosine"] == pytest.approx(random)  # same sampler, same seed
-    assert r["forms_contrast"] == pytest.approx(0.5 - random)
+    assert r["forms_contrast"] == pytest.approx(0.5 - r["forms_matched_cosine"])
+
+
+def frequency_classes(group_size):
+    """(10 * group_size,) class of each token and its count: class g is seen 2^g times, so the
+    deciles of log count are exactly the classes."""
+    group = np.arange(10 * group_size) // group_size
+    return group, 2**group
+
+
+def lengths(n):
+    return torch.rand(n, 1, generator=torch.Generator().manual_seed(0)) + 0.5  # (n, 1) in [0.5, 1.5)
+
+
+def test_matched_baseline_draws_from_each_tokens_decile():
+    group, counts = frequency_classes(20)
+    W = torch.nn.functional.one_hot(torch.from_numpy(group), 10).float() * lengths(200)  # row i along e_group(i)
+    # One pair inside a frequency class (cosine 1), one across two classes (cosine 0): a matched
+    # baseline draws same-class tokens for the first (cosine 1) and two-class tokens for the second
+    # (cosine 0), so it reads 0.5 like the pairs themselves, and the contrast is 0. Uniform random
+    # pairs share a class 19 / 199 of the time: they read ~0.1 and would credit the pairs with 0.4.
+    r = geometry.pair_contrast(W, [(0, 1), (20, 45)], counts, n_random=2000, seed=0)
+    assert r["forms_cosine"] == pytest.approx(0.5)
+    assert r["forms_matched_cosine"] == pytest.approx(0.5)
+    assert r["forms_contrast"] == pytest.approx(0.0, abs=1e-6)
+    assert r["forms_random_cosine"] == pytest.approx(19 / 199, abs=0.02)
+
+
+def test_matched_baseline_never_pairs_a_token_with_itself():
+    _, counts = frequency_classes(2)
+    W = torch.eye(20) * lengths(20)  # every class holds 2 orthogonal tokens: a self-pair would read 1
+    r = geometry.pair_contrast(W, [(0, 1), (4, 5)], counts, n_random=1000, seed=0)
+    assert r["forms_matched_cosine"] == 0.0 and r["forms_contrast"] == 0.0
+
+
+def test_frequency_alone_gives_no_contrast():
+    # Frequent tokens share a direction (as output rows of frequent tokens do); the "related" pairs
+    # are frequent tokens paired at random, so they are related only by being frequent.
+    rng = np.random.default_rng(0)
+    counts = np.r_[rng.integers(1000, 5000, N // 2), rng.integers(1, 10, N // 2)]
+    W = gaussian(14)
+    W[: N // 2, 0] += 1.5 * math.sqrt(C)  # cosine ~0.7 between two frequent rows, ~0 otherwise
+    pairs = rng.permutation(N // 2).reshape(-1, 2)
+    r = geometry.pair_contrast(W, pairs, counts, seed=1)
+    assert r["forms_cosine"] > 0.6 and r["forms_random_cosine"] < 0.3
+    assert abs(r["forms_contrast"]) < 0.02  # uniform random pairs would give ~0.5
 
 
 def test_pair_contrast_without_pairs():
-    r = geometry.pair_contrast(pair_matrix(), [], ones(200))
-    assert r["forms_n_pairs"] == 0
-    assert r["forms_cosine"] is None and r["forms_random_cosine"] is None
-    assert r["forms_contrast"] is None
+    for pairs in ([], [(0, 0)]):
+        r = geometry.pair_contrast(pair_matrix(), pairs, ones(200))
+        assert r["forms_n_pairs"] == 0
+        assert r["forms_cosine"] is None and r["forms_random_cosine"] is None
+        assert r["forms_matched_cosine"] is None and r["forms_contrast"] is None
 
 
 def test_english_form_pairs():
     tokens = [
         " walk", " walked", " walking", " walks",  # 0-3
-        " cat", " cats", " go", " going", " goes",  # 4-8
+        " cat", " cats", " go", " going", " goes",  # 4-8: "go" is too short
         " make", " makes", " making", " try", " tried", " tries",  # 9-14
         " stop", " stopped", " stopping", "walk", "walks",  # 15-19: bare pieces are ignored
         " car", " care", " caring", " cared",  # 20-23: caring belongs to care, not car
@@ -215,10 +303,17 @@ def test_english_form_pairs():
         " box", " boxes", " Stop", " 123", " кот", " коты",  # 29-34
     ]
     expected = [
-        (0, 1), (0, 2), (0, 3), (4, 5), (6, 7), (6, 8), (9, 10), (9, 11), (12, 13), (12, 14),
+        (0, 1), (0, 2), (0, 3), (4, 5), (9, 10), (9, 11), (12, 13), (12, 14),
         (15, 16), (15, 17), (21, 22), (21, 23), (29, 30),
     ]
     assert geometry.english_form_pairs(tokens) == expected
+
+
+def test_english_form_pairs_skip_word_pieces():
+    # GPT-2 has all of these: short word-initial pieces the suffix rules would pair with unrelated words
+    tokens = [" be", " bed", " being", " ke", " king", " wa", " was", " the", " thing", " re", " ring",
+              " use", " used", " using"]  # 11-13: e + d keeps "use", e-drop + ing would leave "us"
+    assert geometry.english_form_pairs(tokens) == [(11, 12)]
 
 
 def test_english_form_pairs_without_leading_spaces():
@@ -254,7 +349,7 @@ def test_read_pairs_file(tmp_path):
 def test_read_pairs_file_rejects_malformed_line(tmp_path, bad):
     path = tmp_path / "pairs.tsv"
     path.write_text("# ok\nкошка\tкошки\n" + bad, encoding="utf-8")
-    with pytest.raises(TiecliError, match=rf"pairs\.tsv:3: "):
+    with pytest.raises(TiecliError, match=r"pairs\.tsv:3: "):
         geometry.read_pairs_file(path, fake_encode)
 
 
@@ -276,12 +371,12 @@ def setup(seed=13, n=N):
 
 SIDE_KEYS = {
     "norm_mean", "norm_std", "norm_min", "norm_max", "norm_freq_spearman",
-    "anisotropy", "cosine_to_mean", "isotropy",
+    "anisotropy", "cosine_to_mean", "top_pc_share", "isotropy",
     "singular_values", "effective_rank", "stable_rank", "top_share",
+    "forms_n_pairs", "forms_cosine", "forms_random_cosine", "forms_matched_cosine", "forms_contrast",
 }
 DRIFT_KEYS = {"drift", "drift_frequent", "drift_mid", "drift_rare"}
-FORMS_KEYS = {"forms_n_pairs", "forms_cosine", "forms_random_cosine", "forms_contrast"}
-AGREEMENT_KEYS = {"row_cosine", "knn_overlap", "knn_k", "knn_queries", "cka"}
+AGREEMENT_KEYS = {"row_cosine", "distance", "knn_overlap", "knn_k", "knn_queries", "cka"}
 
 
 def test_measure_untied_structure():
@@ -289,8 +384,9 @@ def test_measure_untied_structure():
     r = geometry.measure(W_in, W_out, counts, buckets, W_in0=W_in * 0.5, pairs=[(0, 1), (2, 3)])
     assert set(r) == {"n_tokens", "tied", "input", "output", "agreement"}
     assert r["n_tokens"] == int((counts > 0).sum()) and r["tied"] is False
-    assert set(r["input"]) == SIDE_KEYS | DRIFT_KEYS | FORMS_KEYS
-    assert set(r["output"]) == SIDE_KEYS | FORMS_KEYS  # no W_out0: no drift
+    assert set(r["input"]) == SIDE_KEYS | DRIFT_KEYS
+    assert set(r["output"]) == SIDE_KEYS  # no W_out0: no drift
+    assert r["input"]["forms_n_pairs"] == r["output"]["forms_n_pairs"] == 2
     assert set(r["agreement"]) == AGREEMENT_KEYS
     assert r["input"]["drift"] == pytest.approx(1.0)
     assert r["input"]["forms_random_cosine"] == r["input"]["anisotropy"]
@@ -303,6 +399,7 @@ def test_measure_tied():
     assert r["tied"] is True and r["agreement"] is None
     assert set(r["input"]) == set(r["output"]) == SIDE_KEYS | DRIFT_KEYS
     assert {k: r["input"][k] for k in SIDE_KEYS} == {k: r["output"][k] for k in SIDE_KEYS}
+    assert r["input"]["forms_n_pairs"] == 0 and r["input"]["forms_contrast"] is None  # no pairs given
     assert r["input"]["drift"] == pytest.approx(1.0)
     assert r["output"]["drift"] == pytest.approx(3.0)  # each side keeps its own W0
 

@@ -67,9 +67,9 @@ def test_tie_survives_state_dict_round_trip(tmp_path):
     from tiecli import checkpoint
 
     model = GPT(config("tied"))
-    checkpoint.save(tmp_path / "m.pt", {"model": model.state_dict()})
+    (tmp_path / "m.pt").write_bytes(checkpoint.to_bytes({"model": model.state_dict()}))
     loaded = GPT(config("tied"))
-    loaded.load_state_dict(checkpoint.load(tmp_path / "m.pt")["model"])
+    checkpoint.load_weights(loaded, checkpoint.load(tmp_path / "m.pt", "r", keys=("model",))["model"], "r", "weights")
     assert torch.equal(loaded.emb.wte, model.emb.wte)
     assert loaded.emb.output_matrix().data_ptr() == loaded.emb.input_matrix().data_ptr() == loaded.emb.wte.data_ptr()
 
@@ -131,6 +131,6 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="tying mode 'glued'"):
         config("glued")
     with pytest.raises(ValueError, match="not divisible"):
-        GPTConfig(n_embd=30, n_head=4)
+        GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=4, n_embd=30)
     with pytest.raises(ValueError, match="shared_fraction"):
         config("partial", shared_fraction=1.5)

@@ -1,9 +1,13 @@
-"""tiecli report and tiecli runs on synthetic run directories whose numbers are known in advance."""
+"""tiecli report and tiecli runs on synthetic run directories, written through rundir.RunWriter, whose numbers are known in advance."""
 
+import dataclasses
 import json
 import math
 import re
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import matplotlib.image
 import pytest
@@ -11,7 +15,11 @@ import yaml
 from scipy import stats
 from typer.testing import CliRunner
 
+from tiecli import rundir
 from tiecli.cli import app
+from tiecli.report import claims as report_claims
+from tiecli.report import load
+from tiecli.report.groups import group_runs
 
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -45,37 +53,62 @@ def grad_cos(mode, seed):
     return [-0.1 - 0.01 * seed, -0.2 - 0.02 * seed] if mode == "tied" else [0.05, 0.05 + 0.01 * seed]
 
 
+def cka_end(seed):
+    """Untied runs' CKA(W_in, W_out) at the last geometry entry; 0.2 at step 0."""
+    return 0.2 + 0.01 * seed
+
+
 def forms_contrast(mode, seed):
     return (0.05 + 0.01 * seed, -0.1 - 0.02 * seed ** 2) if mode == "untied" else (-0.02, -0.02)
 
 
-def write_run(root, size, mode, seed, loss=None, status="completed"):
-    """A run directory as tiecli train writes one: final loss `loss`, a val curve
-    [(0, 5.0), (10, loss + 1), (20, loss)], and gradient statistics and geometry."""
+def make_run(path, config: dict, seed: int, final_loss: float, rows: list, entries: list, *, params: dict,
+             choices: dict, tokens_per_s: float = 1000.0, status: str = "completed", error: str | None = None,
+             keep_open: bool = False):
+    """A run directory written through rundir.RunWriter as `tiecli train` writes one: config (with `seed`),
+    overrides, a first summary, the metrics rows, the geometry entries, a whole-split val evaluation with
+    loss final_loss, then the last summary with `status`. keep_open: return the writer, still holding the
+    run's lock (a run being written right now); else the run's path."""
+    config = {**config, "seed": seed}
+    last = max(rows, key=lambda r: r.step)
+    summary = rundir.Summary(name=path.name, status="running", seed=seed, params=params, max_steps=last.step,
+                             tokens_per_step=last.tokens // max(last.step, 1), step=0, tokens=0, device="cpu", dtype="fp32",
+                             compile=False, versions={"tiecli": "test"}, corpus={"key": "test"}, started="2025-01-01T00:00:00")
+    overrides = {"overrides": [f"{k}={v}" for k, v in choices.items()] + [f"seed={seed}"], "choices": choices}
+    files = {rundir.CONFIG: yaml.safe_dump(config), rundir.OVERRIDES: yaml.safe_dump(overrides)}
+    writer = rundir.RunWriter.create(path, files, summary, b"not a checkpoint: the report never reads one")
+    for row in rows:
+        writer.log(row)
+    for entry in entries:
+        writer.geometry(entry)
+    final = rundir.EvalResult("val", last.step, final_loss, math.exp(final_loss), final_loss / 2, 5000, 10000, {})
+    writer.eval(final)
+    writer.summary(dataclasses.replace(summary, status=status, error=error, step=last.step, tokens=last.tokens,
+                                       tokens_per_s=tokens_per_s, final_val=final.brief()))
+    if keep_open:
+        return writer
+    writer.close()
+    return path
+
+
+def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=False, named=None):
+    """One run of the grid: final loss `loss`, a val curve [(0, 5.0), (10, loss + 1), (20, loss)], and
+    gradient statistics and geometry. named: the tying mode's name on disk (the numbers are `mode`'s)."""
     loss = LOSS[(size, mode)][seed] if loss is None else loss
-    run = root / f"{size}-{mode}-s{seed}"
-    run.mkdir(parents=True)
+    name = named or mode
     shape = {k: v for k, v in SIZES[size].items() if k != "non_embedding"}
-    config = {"seed": seed, "device": "auto", "dtype": "auto", "compile": False,
+    config = {"device": "auto", "dtype": "auto", "compile": False,
               "model": {"block_size": 128, "dropout": 0.0, "bias": True, **shape},
               "train": {"max_steps": 20, "max_tokens": None, "batch_size": 8, "lr": 0.003, "eval_interval": 10, "log_interval": 10},
               "eval": {"buckets": [0.5, 0.9]}, "diag": {"every": 10, "geometry": True},
-              "tying": {"mode": mode}, "data": {"name": "shakespeare", "split_seed": 1234},
+              "tying": {"mode": name}, "data": {"name": "shakespeare", "split_seed": 1234},
               "tokenizer": {"name": "bytes", "vocab_size": V}}
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
-    (run / "overrides.yaml").write_text(yaml.safe_dump({"overrides": [f"model={size}", f"tying={mode}", f"seed={seed}"],
-                                                        "choices": {"model": size, "tying": mode, "data": "shakespeare", "tokenizer": "bytes"}}))
-    final = {"loss": loss, "perplexity": math.exp(loss), "bits_per_byte": loss / 2, "n_tokens": 5000}
-    (run / "summary.json").write_text(json.dumps({
-        "name": run.name, "status": status, "error": "RuntimeError: CUDA out of memory" if status == "failed" else None,
-        "seed": seed, "params": params(size, mode), "max_steps": 20, "tokens_per_step": TOKENS_PER_STEP, "step": 20,
-        "tokens": 20 * TOKENS_PER_STEP, "tokens_per_s": 1000.0 + seed, "final_val": final}))
-    (run / "eval.json").write_text(json.dumps({"val": {"split": "val", **final, "n_bytes": 10000, "step": 20, "by_bucket": {}}}))
     cos = grad_cos(mode, seed)
-    rows = [{"step": 0, "tokens": 0, "lr": 0.0, "val_loss": 5.0, "val_ppl": math.exp(5.0), "val_bpb": 2.5},
-            {"step": 10, "tokens": 10 * TOKENS_PER_STEP, "loss": loss + 1.2, "grad_cos": cos[0], "grad_cancel": 0.1, "val_loss": loss + 1},
-            {"step": 20, "tokens": 20 * TOKENS_PER_STEP, "loss": loss + 0.1, "grad_cos": cos[1], "grad_cancel": 0.2, "val_loss": loss}]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = [rundir.MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
+            rundir.MetricsRow(step=10, tokens=10 * TOKENS_PER_STEP, lr=0.003, loss=loss + 1.2, val_loss=loss + 1,
+                              diag={"grad_cos": cos[0], "grad_cancel": 0.1}),
+            rundir.MetricsRow(step=20, tokens=20 * TOKENS_PER_STEP, lr=0.003, loss=loss + 0.1, val_loss=loss,
+                              diag={"grad_cos": cos[1], "grad_cancel": 0.2})]
     d_in, d_out = drifts(size, mode, seed)
     c_in, c_out = forms_contrast(mode, seed)
     n_embd = SIZES[size]["n_embd"]
@@ -84,11 +117,16 @@ def write_run(root, size, mode, seed, loss=None, status="completed"):
         return {"drift": drift, "anisotropy": 0.1, "effective_rank": n_embd / 2, "forms_contrast": contrast,
                 "singular_values": [float(n_embd - i) for i in range(n_embd)]}
 
-    entry = {"step": 20, "n_tokens": V, "tied": mode == "tied", "input": side(d_in, c_in), "output": side(d_out, c_out),
-             "agreement": None if mode == "tied" else {"row_cosine": 0.01, "cka": 0.2, "knn_overlap": 0.0}}
-    start = {**entry, "step": 0, "input": side(0.0, 0.0), "output": side(0.0, 0.0)}
-    (run / "geometry.json").write_text(json.dumps([start, entry]))
-    return run
+    def agreement(cka):
+        return None if mode == "tied" else {"row_cosine": 0.01, "cka": cka, "knn_overlap": 0.0, "distance": 1.4}
+
+    entries = [rundir.GeometryEntry(step=0, tied=mode == "tied", n_tokens=V, input=side(0.0, 0.0), output=side(0.0, 0.0), agreement=agreement(0.2)),
+               rundir.GeometryEntry(step=20, tied=mode == "tied", n_tokens=V, input=side(d_in, c_in), output=side(d_out, c_out),
+                                    agreement=agreement(cka_end(seed)))]
+    return make_run(root / f"{size}-{name}-s{seed}", config, seed, loss, rows, entries, params=params(size, mode),
+                    choices={"model": size, "tying": name, "data": "shakespeare", "tokenizer": "bytes"},
+                    tokens_per_s=1000.0 + seed, status=status, keep_open=keep_open,
+                    error="RuntimeError: CUDA out of memory" if status == "failed" else None)
 
 
 @pytest.fixture
@@ -113,10 +151,42 @@ def interval(values):
     return mean, mean - half, mean + half
 
 
-def expected_verdict(low, high, direction):
-    if low > 0 or high < 0:
-        return "supported" if (low > 0) == (direction > 0) else "contradicted"
+def holm(p):
+    """Holm-Bonferroni adjusted p-values, written out here from the definition."""
+    m, order = len(p), sorted(range(len(p)), key=lambda i: p[i])
+    adjusted = [0.0] * m
+    for k, i in enumerate(order):
+        adjusted[i] = min(1.0, max((m - j) * p[order[j]] for j in range(k + 1)))
+    return adjusted
+
+
+def tost(values, margin):
+    """Equivalence p-value: two one-sided t-tests against -margin and +margin, doubled (95% interval inside +-margin)."""
+    low = stats.ttest_1samp(values, -margin, alternative="greater").pvalue
+    high = stats.ttest_1samp(values, margin, alternative="less").pvalue
+    return min(1.0, 2 * max(low, high))
+
+
+def expected_verdict(row):
+    """The stated rule, applied to a results.json claim row whose p-values the test has checked."""
+    mean, sesoi = row["interval"]["mean"], row["sesoi"]
+    if row["p_holm"] < 0.05:
+        if sesoi and abs(mean) < sesoi:
+            return "negligible"
+        return "supported" if (mean > 0) == (row["direction"] > 0) else "contradicted"
+    if row["p_equiv_holm"] is not None and row["p_equiv_holm"] < 0.05:
+        return "equivalent"
     return "inconclusive"
+
+
+def delta_loss(size):
+    """Per seed tied - untied final val loss at one size of the grid."""
+    return [t - u for t, u in zip(LOSS[(size, "tied")], LOSS[(size, "untied")])]
+
+
+def as_ppl(x):
+    """A Δloss as % change in perplexity."""
+    return 100 * math.expm1(x)
 
 
 def pct(a, b):
@@ -148,19 +218,22 @@ def test_aggregates_differences_and_intervals(sweep):
     mean, low, high = interval(ppl("nano", "tied"))
     assert g["perplexity_mean"] == pytest.approx(mean) and g["perplexity_low"] == pytest.approx(low) and g["perplexity_high"] == pytest.approx(high)
     assert g["loss_sd"] == pytest.approx(statistics.stdev(LOSS[("nano", "tied")]))
-    # t(0.975, df=2) = 4.302653: the interval of the paired perplexity difference, written out by hand
-    diffs = pct(ppl("nano", "tied"), ppl("nano", "untied"))
+    # t(0.975, df=2) = 4.302653: the interval of the paired log-perplexity (loss) difference, written out by hand,
+    # then % perplexity 100 (exp(x) - 1) of the mean and of each bound
+    diffs = delta_loss("nano")
     half = 4.302653 * statistics.stdev(diffs) / math.sqrt(3)
-    assert g["delta_ppl_pct_mean"] == pytest.approx(statistics.fmean(diffs))
-    assert g["delta_ppl_pct_low"] == pytest.approx(statistics.fmean(diffs) - half, rel=1e-6)
-    assert g["delta_ppl_pct_high"] == pytest.approx(statistics.fmean(diffs) + half, rel=1e-6)
+    assert (g["delta_loss_mean"], g["delta_loss_low"], g["delta_loss_high"]) == pytest.approx(
+        (statistics.fmean(diffs), statistics.fmean(diffs) - half, statistics.fmean(diffs) + half), rel=1e-6)
+    assert g["delta_ppl_pct_mean"] == pytest.approx(as_ppl(statistics.fmean(diffs)))
+    assert g["delta_ppl_pct_low"] == pytest.approx(as_ppl(statistics.fmean(diffs) - half), rel=1e-6)
+    assert g["delta_ppl_pct_high"] == pytest.approx(as_ppl(statistics.fmean(diffs) + half), rel=1e-6)
     assert g["baseline"] == "nano untied" and groups["nano untied"]["baseline"] is None
 
     p_tied, p_untied = params("micro", "tied"), params("micro", "untied")
     assert groups["micro tied"]["saved_params"] == p_untied["total"] - p_tied["total"] == V * 128
     assert groups["micro tied"]["embedding_share"] == pytest.approx(V * 128 / p_tied["total"])
 
-    # convergence: target = highest final loss in the set (curves end at their minimum)
+    # convergence: the pair's target = the higher of the two groups' best losses (curves end at their minimum)
     target = max(LOSS[("nano", "untied")] + LOSS[("nano", "tied")])
     assert g["target_loss"] == target
     tied_steps = [steps_to(target, x) for x in LOSS[("nano", "tied")]]
@@ -169,6 +242,8 @@ def test_aggregates_differences_and_intervals(sweep):
     assert g["tokens_to_target_mean"] == pytest.approx(statistics.fmean(tied_steps) * TOKENS_PER_STEP)
     mean, low, high = interval(pct(tied_steps, untied_steps))
     assert (g["delta_steps_pct_mean"], g["delta_steps_pct_low"], g["delta_steps_pct_high"]) == pytest.approx((mean, low, high))
+    assert g["baseline_steps_to_target_mean"] == pytest.approx(statistics.fmean(untied_steps))
+    assert groups["nano untied"]["target_loss"] is None  # a baseline has a target per pair it is in, not one of its own
 
     mean, low, high = interval([statistics.fmean(grad_cos("tied", s)) for s in range(3)])
     assert (g["grad_cos_mean"], g["grad_cos_low"], g["grad_cos_high"]) == pytest.approx((mean, low, high))
@@ -180,68 +255,85 @@ def test_equal_parameter_view(sweep):
     # micro tied lies between nano untied and micro untied in total parameters: log ppl linear in log params
     x0, x1 = math.log(params("nano", "untied")["total"]), math.log(params("micro", "untied")["total"])
     w = (math.log(params("micro", "tied")["total"]) - x0) / (x1 - x0)
-    base = [math.exp((1 - w) * a + w * b) for a, b in zip(LOSS[("nano", "untied")], LOSS[("micro", "untied")])]
-    mean, low, high = interval(pct(ppl("micro", "tied"), base))
+    base = [(1 - w) * a + w * b for a, b in zip(LOSS[("nano", "untied")], LOSS[("micro", "untied")])]
+    mean, low, high = interval([t - b for t, b in zip(LOSS[("micro", "tied")], base)])
     g = groups["micro tied"]
-    assert (g["equal_params_delta_ppl_pct_mean"], g["equal_params_delta_ppl_pct_low"], g["equal_params_delta_ppl_pct_high"]) == pytest.approx((mean, low, high))
-    assert g["equal_params_base_perplexity_mean"] == pytest.approx(statistics.fmean(base))
+    assert (g["equal_params_delta_loss_mean"], g["equal_params_delta_loss_low"], g["equal_params_delta_loss_high"]) == pytest.approx((mean, low, high))
+    assert (g["equal_params_delta_ppl_pct_mean"], g["equal_params_delta_ppl_pct_low"], g["equal_params_delta_ppl_pct_high"]) == pytest.approx(
+        (as_ppl(mean), as_ppl(low), as_ppl(high)))
+    assert g["equal_params_base_perplexity_mean"] == pytest.approx(statistics.fmean(math.exp(b) for b in base))
     # nano tied has fewer parameters than any untied model: nothing to interpolate from
     assert groups["nano tied"]["equal_params_delta_ppl_pct_mean"] is None
     assert "outside" in groups["nano tied"]["equal_params_note"]
     report = (sweep / "out" / "report.md").read_text()
-    assert "Validation at equal total parameters" in report and "Validation at equal architecture" in report and "n/a" in report
+    assert "Validation at equal total parameters (smaller body)" in report and "Validation at equal architecture" in report and "n/a" in report
 
 
 def test_claim_verdicts_follow_the_stated_rules(sweep):
     assert tiecli("report", sweep).exit_code == 0
-    _, _, claims = results(sweep / "report")
+    data, _, claims = results(sweep / "report")
+    margin = {"ppl": math.log(1.01), "cos": 0.05, "cka": 0.05}
+    expected = {}  # (claim, comparison): (per-seed values, claimed direction, SESOI), all by hand
     for size in SIZES:
-        label = f"{size} tied"
-        diffs = pct(ppl(size, "tied"), ppl(size, "untied"))
-        _, low, high = interval(diffs)
-        assert claims[("C6", label)]["verdict"] == expected_verdict(low, high, -1)
-        assert claims[("C6", label)]["interval"]["low"] == pytest.approx(low)
-
-        saved = params(size, "untied")["total"] - params(size, "tied")["total"]
-        share = saved / params(size, "untied")["total"]
-        assert claims[("C1", label)]["verdict"] == ("supported" if 0.15 <= share <= 0.30 else "contradicted")
-        n_embd = SIZES[size]["n_embd"]
-        assert claims[("R2", label)]["verdict"] == ("supported" if saved > 4 * n_embd * n_embd else "contradicted")
-
-        _, low, high = interval([statistics.fmean(grad_cos("tied", s)) for s in range(3)])
-        assert claims[("R4", label)]["verdict"] == expected_verdict(low, high, -1) == "supported"
-
-        _, low, high = interval([forms_contrast("untied", s)[0] - forms_contrast("untied", s)[1] for s in range(3)])
-        assert claims[("R3", f"{size} untied")]["verdict"] == expected_verdict(low, high, +1) == "supported"
-
-        for i, side in enumerate(("input", "output")):
-            _, low, high = interval([drifts(size, "tied", s)[0] - drifts(size, "untied", s)[i] for s in range(3)])
-            assert claims[("C2", f"{label} vs untied {side}")]["verdict"] == expected_verdict(low, high, -1)
-            assert claims[("C2", f"{label} vs untied {side}")]["interval"]["high"] == pytest.approx(high)
-
-        # Steps to target by hand: the target is the highest final loss at this size (every run's lowest
-        # point); each curve falls linearly from loss + 1 at step 10 to loss at step 20.
+        # the pair's target: the higher of the two groups' best losses; each curve falls linearly from loss + 1 at step 10 to loss at 20
         target = max(LOSS[(size, "tied")] + LOSS[(size, "untied")])
-        steps = {mode: [10 + 10 * (loss + 1 - target) for loss in LOSS[(size, mode)]] for mode in ("tied", "untied")}
-        mean, low, high = interval([100 * (t / u - 1) for t, u in zip(steps["tied"], steps["untied"])])
-        r6, c3 = claims[("R6", label)], claims[("C3", label)]
-        assert r6["interval"] == c3["interval"]  # one figure, read in opposite directions
-        assert (r6["interval"]["mean"], r6["interval"]["low"], r6["interval"]["high"]) == pytest.approx((mean, low, high))
-        assert r6["verdict"] == expected_verdict(low, high, +1) and c3["verdict"] == expected_verdict(low, high, -1)
+        steps = {mode: [steps_to(target, x) for x in LOSS[(size, mode)]] for mode in ("tied", "untied")}
+        expected |= {
+            ("C6", f"{size} tied"): (delta_loss(size), -1, margin["ppl"]),
+            ("R4", f"{size} tied"): ([statistics.fmean(grad_cos("tied", s)) - statistics.fmean(grad_cos("untied", s)) for s in range(3)],
+                                     -1, margin["cos"]),
+            ("R3", f"{size} untied"): ([a - b for a, b in map(lambda s: forms_contrast("untied", s), range(3))], +1, margin["cos"]),
+            ("C2/C7", f"{size} untied"): ([cka_end(s) - 0.2 for s in range(3)], -1, margin["cka"]),
+            ("R6", f"{size} tied"): (pct(steps["tied"], steps["untied"]), +1, None),
+        }
+    for key, (values, direction, sesoi) in expected.items():
+        row = claims[key]
+        assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(interval(values)), key
+        assert row["p"] == pytest.approx(stats.ttest_1samp(values, 0).pvalue) and row["direction"] == direction, key
+        assert (row["p_equiv"], row["sesoi"]) == ((pytest.approx(tost(values, sesoi)), pytest.approx(sesoi)) if sesoi else (None, None)), key
 
-    # the R5/C6 slope of the per-seed differences against log10 non-embedding parameters, by hand
-    points = [(math.log10(SIZES[size]["non_embedding"]), d) for size in SIZES for d in pct(ppl(size, "tied"), ppl(size, "untied"))]
+    # R5/C6 (trend): the slope of the per-seed Δloss against log10 non-embedding parameters, by hand
+    points = [(math.log10(SIZES[size]["non_embedding"]), d) for size in SIZES for d in delta_loss(size)]
     xs, ys = zip(*points)
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
-    half = stats.t.ppf(0.975, len(points) - 2) * math.sqrt(residual / (len(points) - 2) / sxx)
-    (row,) = [c for (claim, _), c in claims.items() if claim == "R5/C6"]
-    assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx((slope, slope - half, slope + half))
-    assert row["verdict"] == expected_verdict(slope - half, slope + half, +1)
-    (budget,) = [c for (claim, _), c in claims.items() if claim == "R5"]
-    assert budget["verdict"] == "inconclusive" and "no data" in budget["why"]
+    se = math.sqrt(sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / (len(points) - 2) / sxx)
+    half = stats.t.ppf(0.975, len(points) - 2) * se
+    trend = claims[("R5/C6 (trend)", "nano tied -> micro tied")]
+    assert (trend["interval"]["mean"], trend["interval"]["low"], trend["interval"]["high"]) == pytest.approx((slope, slope - half, slope + half))
+    assert trend["p"] == pytest.approx(2 * stats.t.sf(abs(slope / se), len(points) - 2)) and trend["p_equiv"] is None
+
+    # Holm-Bonferroni over the report's tested rows, once for the tests against 0 and once for the equivalence tests;
+    # C3 and the smallest-size part of R5/C6 re-read a test already counted (R6's, C6's at nano)
+    tested = [c for c in data["claims"] if c["p"] is not None and c["claim"] not in ("C3", "R5/C6 (smallest size)")]
+    assert len(tested) == len(expected) + 1
+    for family in ("p", "p_equiv"):
+        rows = [c for c in tested if c[family] is not None]
+        assert [c[family + "_holm"] for c in rows] == pytest.approx(holm([c[family] for c in rows]))
+    for row in tested:
+        assert row["verdict"] == expected_verdict(row), row
+    for size in SIZES:
+        r6, c3 = claims[("R6", f"{size} tied")], claims[("C3", f"{size} tied")]
+        assert c3["interval"] == r6["interval"] and c3["p_holm"] == r6["p_holm"] and c3["direction"] == -1
+        assert c3["verdict"] == expected_verdict(c3)
+    part, c6 = claims[("R5/C6 (smallest size)", "nano tied -> micro tied")], claims[("C6", "nano tied")]
+    assert (part["p_holm"], part["verdict"]) == (c6["p_holm"], c6["verdict"])
+    combined = claims[("R5/C6", "nano tied -> micro tied")]
+    verdicts = {part["verdict"], trend["verdict"]}
+    assert combined["verdict"] == ("supported" if verdicts == {"supported"} else
+                                   next((v for v in ("contradicted", "negligible", "equivalent") if v in verdicts), "inconclusive"))
+    assert "Holm" in data["rules"]["multiple comparisons"] and "on" in data["rules"]["multiple comparisons"]
+
+    for size in SIZES:
+        saved = params(size, "untied")["total"] - params(size, "tied")["total"]
+        share = saved / params(size, "untied")["total"]
+        assert claims[("C1", f"{size} tied")]["verdict"] == ("supported" if 0.15 <= share <= 0.30 else "contradicted")
+        n_embd = SIZES[size]["n_embd"]
+        assert claims[("R2", f"{size} tied")]["verdict"] == ("supported" if saved > 4 * n_embd * n_embd else "contradicted")
+    for claim in ("R5", "R5/C2 gap"):
+        (row,) = [c for (name, _), c in claims.items() if name == claim]
+        assert row["verdict"].startswith("no data: needs ") and row["p"] is None
 
 
 def test_one_seed_verdicts_are_inconclusive_and_say_why(tmp_path):
@@ -252,10 +344,10 @@ def test_one_seed_verdicts_are_inconclusive_and_say_why(tmp_path):
     assert result.exit_code == 0, result.output
     data, groups, claims = results(tmp_path / "out")
     for (claim, _), row in claims.items():
-        if claim not in ("R2", "C1"):  # parameter counts do not depend on the seed
-            assert row["verdict"] == "inconclusive", row
-            assert "seed" in row["why"] or "no data" in row["why"], row
-    assert claims[("C6", "nano tied")]["why"] == "one seed: no spread, so no interval"
+        if claim not in ("R2", "C1", "R5/C6") and not row["verdict"].startswith("no data"):  # counts do not depend on the seed
+            assert row["verdict"] == "inconclusive" and "seed" in row["why"] and row["p"] is None, row
+    assert claims[("R5/C6", "nano tied -> micro tied")]["verdict"] == "inconclusive"
+    assert claims[("C6", "nano tied")]["why"] == "one seed: no spread, so no interval and no test"
     assert groups["nano tied"]["perplexity_low"] is None and groups["nano tied"]["delta_ppl_pct_mean"] == pytest.approx(
         100 * (math.exp(LOSS[("nano", "tied")][0]) / math.exp(LOSS[("nano", "untied")][0]) - 1))
 
@@ -286,15 +378,23 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
     (write_run(broken, "nano", "tied", 0) / "summary.json").unlink()
     (write_run(broken, "nano", "tied", 1) / "summary.json").write_text("{not json")
     write_run(broken, "nano", "tied", 2, status="failed")
-    write_run(broken, "micro", "tied", 0, status="running")
+    writing = write_run(broken, "micro", "tied", 0, status="running", keep_open=True)  # its writer is alive
+    write_run(broken, "micro", "untied", 0, status="running")  # its writer died: the lock is free
     (write_run(broken, "micro", "tied", 1) / "eval.json").write_text("[1, 2")
-    result = tiecli("report", sweep, broken, "--out", sweep.parent / "out")
+    newer = write_run(broken, "micro", "tied", 2) / "summary.json"
+    newer.write_text(json.dumps({**json.loads(newer.read_text()), "format": rundir.FORMAT + 1}))
+    try:
+        result = tiecli("report", sweep, broken, "--out", sweep.parent / "out")
+    finally:
+        writing.close()
     assert result.exit_code == 0, result.output
     data, groups, _ = results(sweep.parent / "out")
     reasons = {s["path"].split("/")[-1]: s["reason"] for s in data["skipped"]}
-    assert reasons == {"nano-tied-s0": "no summary.json", "nano-tied-s1": "summary.json unreadable (JSONDecodeError)",
+    assert reasons == {"nano-tied-s0": "summary.json does not exist", "nano-tied-s1": "summary.json is unreadable (JSONDecodeError)",
                        "nano-tied-s2": "status failed: RuntimeError: CUDA out of memory", "micro-tied-s0": "status running",
-                       "micro-tied-s1": "eval.json unreadable (JSONDecodeError)"}
+                       "micro-untied-s0": "status interrupted", "micro-tied-s1": "eval.json is unreadable (JSONDecodeError)",
+                       "micro-tied-s2": f"summary.json has format {rundir.FORMAT + 1}, newer than this tiecli reads "
+                                        f"({rundir.FORMAT}); upgrade tiecli to read it"}
     assert len(data["runs"]) == 12 and groups["nano tied"]["n_seeds"] == 3  # the sweep's runs, untouched by the broken ones
     assert "Skipped run directories" in (sweep.parent / "out" / "report.md").read_text()
 
@@ -320,16 +420,138 @@ def test_empty_selection_exits_1_with_one_line(tmp_path):
 def test_runs_lists_every_run_directory(sweep):
     write_run(sweep, "nano", "untied", 7, loss=4.0, status="failed")
     (sweep / "broken").mkdir()
-    (sweep / "broken" / "config.yaml").write_text("seed: 0\n")
+    (sweep / "broken" / "summary.json").write_text('{"status": "completed"}\n')
     result = tiecli("runs", sweep)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     cells = [c.strip() for c in next(line for line in lines if "nano-tied-s1" in line).split("│")]
     assert cells[1:7] == ["nano-tied-s1", "completed", "nano", "tied", "20/20", f"{math.exp(3.05):.2f}"]
     assert "failed" in next(line for line in lines if "nano-untied-s7" in line)
-    assert "unreadable: no" in next(line for line in lines if "broken" in line) and "overrides.yaml" in result.output
+    assert state_of(result.output, "broken").startswith("unreadable: ")
     assert sum("-s" in line for line in lines) == 12 + 1  # the sweep, the failed run; "broken" above
     assert tiecli("runs", sweep / "nothing").exit_code == 1
+
+
+def table_rows(output: str) -> dict[str, list[str]]:
+    """`tiecli runs` output as {name: cells}, a cell folded over several lines joined with spaces."""
+    rows, name = {}, None
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if not cells:
+            continue
+        if cells[0]:
+            name = cells[0]
+            rows[name] = cells
+        elif name:
+            rows[name] = [" ".join(filter(None, (a, b))) for a, b in zip(rows[name], cells)]
+    return rows
+
+
+def state_of(output: str, name: str) -> str:
+    return table_rows(output)[name][1]
+
+
+def test_runs_shows_a_dead_writer_as_interrupted(tmp_path):
+    write_run(tmp_path / "runs", "nano", "tied", 0, status="running")  # written, then its writer died
+    writer = write_run(tmp_path / "runs", "nano", "tied", 1, status="running", keep_open=True)
+    try:
+        result = tiecli("runs", tmp_path / "runs")
+    finally:
+        writer.close()
+    assert result.exit_code == 0, result.output
+    assert state_of(result.output, "nano-tied-s0") == "interrupted"
+    assert state_of(result.output, "nano-tied-s1") == "running"
+    assert state_of(tiecli("runs", tmp_path / "runs").output, "nano-tied-s1") == "interrupted"  # its writer is gone now
+
+
+def test_runs_lists_runs_not_config_folders(tmp_path):
+    """A project folder: conf/ of Hydra yaml files (its config.yaml has `defaults:`) is not a run, and neither
+    is a hidden folder, such as the temporary folder a killed `tiecli train` leaves while creating a run."""
+    project = tmp_path / "project"
+    (project / "conf" / "model").mkdir(parents=True)
+    (project / "conf" / "config.yaml").write_text("defaults:\n  - _self_\n  - model: nano\nseed: 0\n")
+    (project / "conf" / "model" / "nano.yaml").write_text("n_layer: 2\n")
+    write_run(project / "runs", "nano", "tied", 0)
+    (project / "runs" / ".nano-tied-s1.x1y2.tmp").mkdir()
+    (project / "runs" / ".nano-tied-s1.x1y2.tmp" / "config.yaml").write_text("seed: 1\n")
+    result = tiecli("runs", project)
+    assert result.exit_code == 0, result.output
+    assert list(table_rows(result.output)) == ["runs/nano-tied-s0"]
+    assert state_of(result.output, "runs/nano-tied-s0") == "completed"
+    result = tiecli("report", project, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["skipped"] == []
+    assert tiecli("runs", project / "conf").exit_code == 1  # no run directories there
+
+
+def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
+    expected = {
+        "tying=foo": "no run has tying=foo; tying values present: tied, untied",
+        "model=huge": "no run has model=huge; model values present: micro, nano",
+        "train.lr=0.1": "no run has train.lr=0.1; train.lr values present: 0.003",
+        "foo=bar": "no run has a setting 'foo' (--baseline foo=bar); config groups: model, tying, data, tokenizer; "
+                   "keys that differ between the runs: model.n_embd, model.n_layer, tying.mode",
+        "device=cpu": "--baseline device=cpu: runs are not grouped by device (it does not change what a run learns)",
+    }
+    for baseline, message in expected.items():
+        result = tiecli("report", sweep, "--baseline", baseline, "--out", sweep.parent / "out")
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == f"error: {message}", result.output
+    assert not (sweep.parent / "out").exists()
+    assert tiecli("report", sweep, "--baseline", "train.lr=3e-3", "--out", sweep.parent / "out").exit_code == 0  # numbers compare as numbers
+
+
+def test_without_untied_runs_the_default_baseline_is_no_error(tmp_path):
+    for seed in range(2):
+        write_run(tmp_path / "runs", "nano", "tied", seed)
+    result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    _, groups, _ = results(tmp_path / "out")
+    assert groups["nano tied"]["baseline"] is None and groups["nano tied"]["n_seeds"] == 2
+
+
+def test_out_must_be_a_folder_before_anything_is_read(sweep, monkeypatch):
+    def never(*args):
+        raise AssertionError("runs were read before --out was checked")
+
+    (sweep.parent / "taken").write_text("a file")
+    monkeypatch.setattr(load, "load_runs", never)
+    for out, message in ((sweep.parent / "taken", "is a file, not a folder"), (sweep.parent / "taken" / "sub", "is a file")):
+        result = tiecli("report", sweep, "--out", out)
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith("error: --out") and message in result.output, result.output
+        assert result.output.strip().count("\n") == 0, result.output
+    assert (sweep.parent / "taken").read_text() == "a file"
+
+
+def test_claims_compare_any_two_tying_modes(tmp_path):
+    """The same numbers under other mode names: claims(tied=..., untied=...) judges them by the same rules."""
+    for size, mode in LOSS:
+        for seed in range(3):
+            write_run(tmp_path / "runs", size, mode, seed, named={"tied": "scaled", "untied": "untied_init"}[mode])
+    runs, skipped = load.load_runs([tmp_path / "runs"])
+    groups, twins = group_runs(runs)
+    assert not skipped and not twins and len(groups) == 4
+    rows = {(c.claim, c.comparison): c for c in report_claims.claims(groups, tied="scaled", untied="untied_init")}
+    _, low, high = interval(delta_loss("nano"))
+    assert rows[("C6", "nano scaled")].interval.low == pytest.approx(low) and rows[("C6", "nano scaled")].interval.high == pytest.approx(high)
+    assert rows[("R4", "micro scaled")].verdict == "supported"
+    assert ("C2/C7", "micro untied_init") in rows
+    default = report_claims.claims(groups)  # tied vs untied: no such runs here, and the rows say so
+    assert all(c.verdict.startswith("no data: needs tied") for c in default if c.claim not in ("R3", "C2/C7"))
+    assert {c.verdict for c in default if c.claim == "R3"} == {"no data: needs untied runs with geometry and related-form pairs found"}
+    assert {c.comparison for c in default if c.claim == "C2/C7"} == {"nano untied_init", "micro untied_init"}  # untied_init: no tie either
+
+
+def test_the_report_never_imports_torch(sweep, tmp_path):
+    script = ("import io, sys; from pathlib import Path; from rich.console import Console; from tiecli.report import report, runs_table; "
+              f"report([Path({str(sweep)!r})], 'tying=untied', Path({str(tmp_path / 'out')!r}), Console(file=io.StringIO())); "
+              f"Console(file=io.StringIO()).print(runs_table(Path({str(sweep)!r}))); print('torch' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert (tmp_path / "out" / "results.json").is_file()
 
 
 def test_help_gives_an_example():

@@ -81,7 +81,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert result.exit_code == 1, result.output
     folder = isolated / "runs" / "sweeps" / "files"
     manifest = json.loads((folder / sweep.MANIFEST).read_text())
-    assert manifest["name"] == "files" and manifest["axes"] == {"data.path": ["good.txt", "missing.txt"]}
+    assert manifest["name"] == "files" and manifest["axes"] == {"data.path": ["good.txt", "missing.txt"]} and "pid" not in manifest
     assert "data=textfile" in manifest["fixed"] and manifest["command"].startswith("tiecli sweep model=nano")
     good, missing = manifest["jobs"]
     assert good["state"] == "completed" and good["exit_code"] == 0 and good["attempts"] == 1 and good["error"] is None
@@ -93,7 +93,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert "1 completed, 1 failed" in result.output
 
     out = Console(record=True, width=400)
-    out.print(sweep.jobs_table(manifest["jobs"], folder, {}))
+    out.print(sweep.jobs_table(rundir.read_manifest(folder / sweep.MANIFEST).jobs, folder, {}))
     good_row, missing_row = [line for line in out.export_text().splitlines() if "textfile_" in line]
     assert "completed" in good_row and "12/12" in good_row and "failed" in missing_row
 
@@ -120,8 +120,8 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # signal once the second job has taken a few steps
         jobs = json.loads(manifest_path.read_text())["jobs"] if manifest_path.exists() else []
-        rows = rundir.read_jsonl(manifest_path.parent / jobs[1]["run_dir"] / rundir.METRICS) if jobs else []
-        if rows and jobs[1]["state"] == "running" and rows[-1]["step"] > 0:
+        rows = rundir.RunReader(manifest_path.parent / jobs[1]["run_dir"]).metrics() if jobs else []
+        if rows and jobs[1]["state"] == "running" and rows[-1].step > 0:
             break
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)

@@ -1,4 +1,4 @@
-import json
+import dataclasses
 import os
 import signal
 
@@ -20,24 +20,28 @@ def setup(*overrides):
 
 
 def metrics(run_dir):
-    return rundir.read_jsonl(run_dir / rundir.METRICS)
+    return [r.to_dict() for r in rundir.RunReader(run_dir).metrics()]
+
+
+def geometry(run_dir):
+    return [e.to_dict() for e in rundir.RunReader(run_dir).geometry()]
 
 
 def test_a_run_writes_a_self_describing_directory(tmp_path):
     cfg, files = setup()
     summary = train.train(cfg, tmp_path / "run", False, files)
     run = tmp_path / "run"
-    assert summary == rundir.read_json(run / rundir.SUMMARY)
-    assert summary["status"] == "completed" and summary["step"] == 12 and summary["tokens"] == 12 * 4 * 32
-    assert summary["params"]["total"] > 0 and summary["versions"]["torch"] == torch.__version__
+    assert summary == rundir.RunReader(run).summary()
+    assert summary.status == "completed" and summary.step == 12 and summary.tokens == 12 * 4 * 32
+    assert summary.params["total"] > 0 and summary.versions["torch"] == torch.__version__
     rows = metrics(run)
     assert [r["step"] for r in rows] == [0, 3, 6, 9, 10, 12]  # every log_interval, plus diag.every=10
     assert "grad_cos" in rows[4] and "grad_cos" not in rows[3]
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "tokens"} <= rows[1].keys()
     assert [r["step"] for r in rows if "val_loss" in r] == [0, 6, 12]
     assert rows[-1]["val_loss"] < rows[0]["val_loss"]
-    evals = rundir.read_json(run / rundir.EVAL)
-    assert evals["val"]["step"] == 12 and summary["final_val"]["loss"] == evals["val"]["loss"]
+    evals = rundir.RunReader(run).evals()
+    assert evals["val"].step == 12 and summary.final_val["loss"] == evals["val"].loss
     assert (run / rundir.CHECKPOINT).is_file() and (run / rundir.INIT_CHECKPOINT).is_file()
 
 
@@ -62,19 +66,18 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
     interrupt_at_batch(monkeypatch, 5 * cfg.train.grad_accum)  # during step 5, between checkpoints
     with pytest.raises(train.Interrupted, match="interrupted at step 5/12"):
         train.train(cfg, tmp_path / "split", False, files)
-    stopped = rundir.read_json(tmp_path / "split" / rundir.SUMMARY)
-    assert stopped["status"] == "interrupted" and stopped["step"] == 5
+    stopped = rundir.RunReader(tmp_path / "split").summary()
+    assert stopped.status == "interrupted" and stopped.step == 5
     monkeypatch.setattr(train, "get_batch", GET_BATCH)
     # As if the process had been killed later: lines past the checkpoint, the last one torn.
-    rundir.append_jsonl(tmp_path / "split" / rundir.METRICS, {"step": 6, "loss": 0.0})
     with open(tmp_path / "split" / rundir.METRICS, "a") as f:
-        f.write('{"step": 7, "lo')
+        f.write('{"step": 6, "tokens": 768, "lr": 0.1, "loss": 0.0}\n{"step": 7, "lo')
 
     resumed = train.train(cfg, tmp_path / "split", True, files)
-    assert resumed["final_val"] == whole["final_val"]
+    assert resumed.final_val == whole.final_val
     strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]  # noqa: E731
     assert strip(metrics(tmp_path / "split")) == strip(metrics(tmp_path / "whole"))
-    assert rundir.read_json(tmp_path / "split" / rundir.GEOMETRY) == rundir.read_json(tmp_path / "whole" / rundir.GEOMETRY)
+    assert geometry(tmp_path / "split") == geometry(tmp_path / "whole")
     a = torch.load(tmp_path / "whole" / rundir.CHECKPOINT, weights_only=True)["model"]
     b = torch.load(tmp_path / "split" / rundir.CHECKPOINT, weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -93,7 +96,7 @@ def test_stop_before_the_first_step_checkpoints_and_resumes_cleanly(tmp_path, mo
     monkeypatch.setattr(train, "evaluate", EVALUATE)
     train.train(cfg, tmp_path / "run", True, files)
     assert [r["step"] for r in metrics(tmp_path / "run")] == [0, 3, 6, 9, 10, 12]
-    assert [e["step"] for e in rundir.read_json(tmp_path / "run" / rundir.GEOMETRY)] == [0, 6, 12]
+    assert [e["step"] for e in geometry(tmp_path / "run")] == [0, 6, 12]
 
 
 def test_resume_refuses_changed_data(tmp_path, monkeypatch):
@@ -122,9 +125,9 @@ def test_a_failing_run_is_marked_failed(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "get_batch", broken)
     with pytest.raises(RuntimeError):
         train.train(cfg, tmp_path / "run", False, files)
-    summary = json.loads((tmp_path / "run" / rundir.SUMMARY).read_text())
-    assert summary["status"] == "failed" and summary["error"] == "RuntimeError: disk on fire"
-    assert summary["step"] == 3
+    summary = rundir.RunReader(tmp_path / "run").summary()
+    assert summary.status == "failed" and summary.error == "RuntimeError: disk on fire"
+    assert summary.step == 3
 
 
 def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
@@ -138,7 +141,7 @@ def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
 
 
 def test_learning_rate_schedule():
-    t = config.TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
+    t = dataclasses.replace(setup()[0].train, lr=1.0, min_lr=0.1, warmup_steps=10)
     assert train.lr_at(0, t, 110) == pytest.approx(0.1)
     assert train.lr_at(9, t, 110) == pytest.approx(1.0)
     assert train.lr_at(60, t, 110) == pytest.approx(0.55)

@@ -6,6 +6,8 @@ Heavy imports (torch) happen inside the commands, so `tiecli --help` answers at 
 
 import contextlib
 import json
+import re
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +15,7 @@ from typing import Annotated
 import typer
 from omegaconf import OmegaConf
 from rich.console import Console
+from rich.markup import escape
 
 from tiecli import display, rundir
 from tiecli.errors import ConfigError, TiecliError
@@ -21,7 +24,6 @@ app = typer.Typer(
     help="Train GPT-style models with the input embedding and output matrix tied or not, and compare them.\n\n"
     "Example: tiecli train tying=untied model=small",
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain click help and usage errors: the error stays on one line, unboxed
 )
@@ -34,19 +36,51 @@ ConfigDir = Annotated[Path | None, typer.Option("--config-dir", help="A folder o
 
 @contextlib.contextmanager
 def user_errors():
-    """A TiecliError becomes one line on stderr and its exit code; no traceback."""
+    """A TiecliError, or an error of the operating system, becomes one line on stderr and an exit code; no traceback."""
     try:
         yield
     except TiecliError as e:
-        err_console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(e.exit_code) from None
+        fail(str(e), e.exit_code)
+    except OSError as e:  # disk full, read-only folder, a name too long, a file where a folder should be
+        where = f": {e.filename}" if e.filename else ""
+        fail(f"{e.strerror or type(e).__name__}{where}", 1)
+    except MemoryError:
+        fail("out of memory; use a smaller train.batch_size or model", 1)
+    except RuntimeError as e:
+        if "allocate" not in str(e) and "out of memory" not in str(e):
+            raise
+        size = re.search(r"tried to allocate (\d+) bytes", str(e))  # torch's CPU allocator; CUDA's line says it in MiB
+        detail = f"tried to allocate {int(size.group(1)) / 2**30:.1f} GiB" if size else str(e).splitlines()[0][:160]
+        fail(f"out of memory ({detail}); use a smaller train.batch_size or model", 1)
+
+
+def fail(message: str, code: int):
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def show_version(value: bool):
+    if value:
+        from tiecli import __version__
+
+        print(f"tiecli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print the version and exit")] = False):
+    """Train GPT-style models with the input embedding and output matrix tied or not, and compare them.
+
+    Example: tiecli train tying=untied model=small
+    """
 
 
 @app.command()
 def train(
     overrides: Overrides = None,
     name: Annotated[str | None, typer.Option(help="Run directory name (default: built from the group choices and seed)")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the named run from its last checkpoint")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a run from its last checkpoint with its own config: "
+                                         "`--resume RUN_DIR`, or `--name NAME --resume`; overrides may extend it (train.max_steps=...)")] = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
     config_dir: ConfigDir = None,
 ):
@@ -54,25 +88,34 @@ def train(
 
     Example: tiecli train tying=untied model=small train.max_steps=500
     """
-    overrides = overrides or []
+    overrides = list(overrides or [])
     with user_errors():
-        from tiecli import config
+        from tiecli import config, resume as resuming
 
-        cfg, choices = config.compose(overrides, config_dir)
-        run_config = config.to_config(cfg)
-        path = rundir.run_path(runs_dir, name or config.run_name(choices, cfg, overrides))
-        if rundir.is_run_dir(path):
-            if not resume:
+        if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
+            run_arg = Path(overrides.pop(0))
+            runs_dir, name = run_arg.parent, run_arg.name
+        if name is not None and not name.strip():
+            raise TiecliError("--name is empty; give a name, or leave --name out for the default")
+        if resume:
+            path, cfg, files = resuming.plan(runs_dir, name, overrides, config_dir)
+            if path is None:
+                return
+        else:
+            cfg, choices = config.compose(overrides, config_dir)
+            path = rundir.run_path(runs_dir, name if name is not None else config.run_name(choices, cfg, overrides))
+            if rundir.is_run_dir(path) and not rundir.discard_unstarted(path):
                 raise TiecliError(f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one")
-            config.check_unchanged(config.load_yaml(path / rundir.CONFIG), cfg)
-        files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices})}
+            files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices})}
+        run_config = config.to_config(cfg)
         from tiecli.train import train as train_run
 
         summary = train_run(run_config, path, resume, files)
         console.print(display.summary_table(summary))
-        if (path / rundir.GEOMETRY).exists():
-            console.print(display.geometry_table(rundir.read_json(path / rundir.GEOMETRY)[-1], f"geometry at step {summary['step']}"))
-        console.print(f"run directory: {path}")
+        entries = rundir.RunReader(path).geometry()
+        if entries:
+            console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
+        console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
 
 
 class Split(str, Enum):
@@ -93,8 +136,8 @@ def eval_(
         run_config = load_run_config(run)
         from tiecli.evaluate import evaluate_run
 
-        metrics = evaluate_run(run, run_config, split.value)
-        console.print(display.eval_table(metrics, f"{run.name}: {split.value} at step {metrics['step']}"))
+        result = evaluate_run(run, run_config, split.value)
+        console.print(display.eval_table(asdict(result), f"{run.name}: {split.value} at step {result.step}"))
 
 
 @app.command()
@@ -140,9 +183,9 @@ def geometry(
 
         entry = geometry_of_run(run, run_config, step, str(pairs) if pairs else None, write)
         if as_json:
-            print(json.dumps(entry, indent=2))
+            print(json.dumps(entry.to_dict(), indent=2))
         else:
-            console.print(display.geometry_table(entry, f"{run.name}: geometry at step {entry['step']}"))
+            console.print(display.geometry_table(entry.to_dict(), f"{run.name}: geometry at step {entry.step}"))
 
 
 def load_run_config(run: Path):
@@ -150,9 +193,9 @@ def load_run_config(run: Path):
     from tiecli import config
 
     if not rundir.is_run_dir(run):
-        raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.CONFIG})")
+        raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
     try:
-        return config.to_config(config.load_yaml(run / rundir.CONFIG))
+        return config.to_config(OmegaConf.create(rundir.RunReader(run).config()))
     except ConfigError as e:
         raise TiecliError(f"{str(run / rundir.CONFIG)!r} is not a valid tiecli config: {e}") from None
 
@@ -189,17 +232,24 @@ def report(
     paths: Annotated[list[Path] | None, typer.Argument(help="Run directories, sweep folders or any folders holding runs (default: runs/)", show_default=False)] = None,
     baseline: Annotated[str, typer.Option(help="KEY=VALUE picking the baseline among groups equal in every other key")] = "tying=untied",
     out: Annotated[Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")] = None,
+    select: Annotated[list[str] | None, typer.Option("--select", help="A dotted key (train.lr) whose best value, by seed-mean final val loss, "
+                                                     "is kept per group; the others are listed as not selected. Repeatable")] = None,
+    sesoi: Annotated[list[str] | None, typer.Option("--sesoi", help="Smallest effect of interest, KEY=VALUE: ppl (% perplexity, default 1), "
+                                                    "cos (default 0.05), cka (default 0.05). Repeatable")] = None,
+    target_loss: Annotated[float | None, typer.Option("--target-loss", help="A fixed convergence target (val loss, nats) for every "
+                                                      "pair (default: per pair, the higher of the two groups' best losses)")] = None,
 ):
-    """Compare runs over seeds, at equal architecture and equal parameter count, and judge each claim.
+    """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 
     Writes report.md, a self-contained report.html, results.csv, results.json and PNG plots.
 
-    Example: tiecli report runs/sweeps/tying_vs_size --baseline tying=untied
+    Example: tiecli report runs/sweeps/tying_vs_size --baseline tying=untied --select train.lr --sesoi ppl=2
     """
     with user_errors():
-        from tiecli.report import report as write_report
+        from tiecli.report import Options, report as write_report
 
-        write_report(paths or [Path("runs")], baseline, out, console)
+        options = Options(tuple(select or ()), tuple(sesoi or ()), target_loss)
+        write_report(paths or [Path("runs")], baseline, out, console, options)
 
 
 @app.command()

@@ -15,6 +15,7 @@ import lzma
 import os
 import random
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,18 +57,31 @@ def _text_files(path: str) -> list[Path]:
         if not files:
             raise TiecliError(f"data.path {path!r} matches no files")
         return files
-    if p.is_file():
+    try:
+        mode = p.stat().st_mode  # stat only: a FIFO is never opened (reading one would block)
+    except (FileNotFoundError, NotADirectoryError):
+        raise TiecliError(f"data.path {path!r} does not exist") from None
+    except OSError as e:  # a name too long, a folder it may not enter, a symlink loop
+        raise TiecliError(f"data.path {_short(path)!r} cannot be used ({e.strerror or type(e).__name__})") from None
+    if stat.S_ISREG(mode):
         return [p]
-    if p.is_dir():
+    if stat.S_ISDIR(mode):
         files = sorted(f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts))
         if not files:
             raise TiecliError(f"data.path {path!r} is a folder with no files in it")
         return files
-    raise TiecliError(f"data.path {path!r} does not exist")
+    raise TiecliError(f"data.path {path!r} is not a regular file or a folder (a FIFO, socket or device)")
+
+
+def _short(path: str) -> str:
+    return path if len(path) <= 80 else f"{path[:40]}...{path[-30:]}"
 
 
 def _read_utf8(path: Path) -> str:
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:  # /proc/self/mem and other files that stat as regular but cannot be read
+        raise TiecliError(f"data.path file {str(path)!r} cannot be read ({e.strerror or type(e).__name__})") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -78,6 +92,8 @@ def split_texts(docs: list[tuple[str, str]], data: DataConfig) -> dict[str, str]
     """Train/val/test texts. Held-out units are drawn by a seeded shuffle until each holds its share of bytes."""
     if sum(len(text) for _, text in docs) == 0:
         raise TiecliError(f"the {data.name} corpus holds no text ({len(docs)} file(s), all empty)")
+    if not any(text.strip() for _, text in docs):
+        raise TiecliError(f"the {data.name} corpus holds only whitespace ({len(docs)} file(s)): there is nothing to learn")
     if data.split == "document":
         if len(docs) < 3:
             raise TiecliError(f"data.split=document needs at least 3 documents, the corpus has {len(docs)}; use data.split=block")
@@ -143,10 +159,14 @@ def load_corpus(data: DataConfig, tok: TokenizerConfig, cache: Path | None = Non
         _write_tokens(folder, enc, texts)
     meta = json.loads((folder / "meta.json").read_text())
     tokens = {s: np.memmap(folder / f"{s}.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_tokens"][s],)) for s in SPLITS}
+    counts = np.load(folder / "counts.npy")
+    if np.count_nonzero(counts) < 2:  # one repeated token: nothing to predict, and no geometry to measure
+        raise TiecliError(f"the training split of {data.name} holds {np.count_nonzero(counts)} distinct token(s); "
+                          "give a text with more than one kind of character")
     return Corpus(
         encoding=enc,
         tokens=tokens,
-        counts=np.load(folder / "counts.npy"),
+        counts=counts,
         token_bytes=tokenizer.token_byte_lengths(enc),
         key=key,
     )

@@ -14,12 +14,17 @@ G_out the output matrix's: what tying would have summed.
   grad_cos_present    the same over the rows of tokens present in the inputs (G_in is zero elsewhere)
   grad_cos_<bucket>   the same over present rows in each frequency bucket (frequent / mid / rare)
   grad_norm_in/out    |G_in|_F, |G_out|_F, and grad_norm_ratio = |G_in| / |G_out|
-  grad_cancel         1 - |G_in + G_out| / (|G_in| + |G_out|): 0 when aligned, 1 when they cancel
+  grad_cancel         -2<G_in, G_out> / (|G_in|^2 + |G_out|^2): 0 for orthogonal paths, > 0 when they
+                      cancel, < 0 when they reinforce (how much summing shrinks the squared norm)
+  grad_norm_lost_pct  100 (1 - |G_in + G_out| / sqrt(|G_in|^2 + |G_out|^2)): % of the norm lost to cancellation
+  grad_cos_null_*     mean and sd of grad_cos_present with the present rows of G_out permuted (a null of
+                      no row-wise relation), and grad_cos_z = (grad_cos_present - null mean) / null sd
   grad_neg_rows       share of present rows whose own cos(g_in, g_out) is negative
 
 Geometry (claims R3, C2, C7): tiecli/geometry.py's metrics of the effective input and output
 matrices (what the model actually uses, in partial and hybrid too), with drift measured against
-the matrices at step 0 and related word forms from English suffix rules or a user's pairs file.
+the matrices at step 0 and related word forms from a pairs file (the shipped English conf/pairs/en.tsv
+by default) or English suffix rules.
 """
 
 from pathlib import Path
@@ -29,10 +34,11 @@ import tiktoken
 import torch
 
 from tiecli import checkpoint, geometry, rundir, tokenizer
-from tiecli.config import Config
+from tiecli.config import Config, default_config_dir
 from tiecli.data import BUCKETS, load_corpus
 from tiecli.errors import TiecliError
-from tiecli.model import Embeddings, GPTConfig
+from tiecli.model import Embeddings
+from tiecli.rundir import GeometryEntry
 
 
 def gradient_paths(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,20 +53,65 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float | None:
     return (torch.sum(a * b) / denom).item() if denom > 0 else None
 
 
+# Permutations per diag step: enough to place a cosine against the null (the null's sd is then
+# known to about +-18%), at the cost of N_NULL gathers and dots of the present rows.
+N_NULL = 16
+
+
+def _cancellation(dot: float, n_in: float, n_out: float) -> dict:
+    """How much summing the two paths shrinks the gradient, against orthogonal paths of the same
+    norms (for which |G_in + G_out|^2 = |G_in|^2 + |G_out|^2), from <G_in, G_out> and the norms."""
+    squares = n_in**2 + n_out**2
+    if squares == 0:
+        return {"grad_cancel": None, "grad_norm_lost_pct": None}
+    cancel = -2 * dot / squares
+    # |G_in + G_out|^2 / (|G_in|^2 + |G_out|^2) = 1 - grad_cancel; clamped against rounding at -1
+    return {"grad_cancel": cancel, "grad_norm_lost_pct": 100 * (1 - max(1 - cancel, 0.0) ** 0.5)}
+
+
+def _permutation_null(rows_in: torch.Tensor, rows_out: torch.Tensor, observed: float | None, generator: torch.Generator) -> dict:
+    """cos(G_in, G_out) over the present rows with the rows of G_out shuffled against those of
+    G_in, N_NULL times: the cosine of gradients of unrelated tokens. Directions that every row
+    shares survive the shuffle; agreement token by token does not, and grad_cos_z measures it."""
+    none = {"grad_cos_null_mean": None, "grad_cos_null_sd": None, "grad_cos_z": None}
+    if observed is None or len(rows_in) < 2:
+        return none
+    denom = rows_in.norm() * rows_out.norm()  # a permutation of rows keeps both norms
+    perms = torch.stack([torch.randperm(len(rows_in), generator=generator) for _ in range(N_NULL)]).to(rows_out.device)
+    # One (P, C) buffer for the gather and the product: a fresh allocation per permutation costs
+    # more than the arithmetic. torch.sum, not a BLAS dot: its float32 sum stays accurate at P * C ~ 1e7.
+    buffer = torch.empty_like(rows_out)
+    null = torch.stack([torch.index_select(rows_out, 0, perm, out=buffer).mul_(rows_in).sum() for perm in perms]) / denom
+    mean, sd = null.mean().item(), null.std().item()
+    return {"grad_cos_null_mean": mean, "grad_cos_null_sd": sd, "grad_cos_z": (observed - mean) / sd if sd > 0 else None}
+
+
 @torch.no_grad()
-def interference(g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor, buckets: torch.Tensor) -> dict:
-    """The statistics above. present: (V,) bool, tokens in this step's inputs; buckets: (V,) bucket ids."""
+def interference(g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor, buckets: torch.Tensor,
+                 *, seed: int = 0, step: int = 0) -> dict:
+    """The statistics above. present: (V,) bool, tokens in this step's inputs; buckets: (V,) bucket ids.
+    grad_cancel = -2<G_in, G_out> / (|G_in|^2 + |G_out|^2): 0 for orthogonal paths, > 0 when they
+    cancel (1: G_out = -G_in), < 0 when they reinforce; grad_norm_lost_pct =
+    100 (1 - |G_in + G_out| / sqrt(|G_in|^2 + |G_out|^2)). grad_cos_null_mean / _sd: mean and sd
+    of the present-row cosine under N_NULL row permutations; grad_cos_z = (grad_cos_present -
+    null mean) / null sd. The permutations come from a generator seeded with (seed, step), never
+    the global RNG: training runs the same with diagnostics on or off."""
     g_in, g_out = g_in.float(), g_out.float()  # (V, C) or (V, k): the shared columns in partial mode
     n_in, n_out = g_in.norm().item(), g_out.norm().item()
     rows_in, rows_out = g_in[present], g_out[present]  # (P, C)
     row_cos = torch.nn.functional.cosine_similarity(rows_in, rows_out, dim=1)  # (P,)
+    cos_present = _cos(rows_in, rows_out)
+    dot = torch.sum(g_in * g_out).item()  # shared by grad_cos and grad_cancel: one pass over (V, C)
+    # torch's CPU generator keeps 32 bits of a seed: SeedSequence mixes both numbers into them
+    generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
     stats = {
-        "grad_cos": _cos(g_in, g_out),
-        "grad_cos_present": _cos(rows_in, rows_out),
+        "grad_cos": dot / (n_in * n_out) if n_in * n_out > 0 else None,
+        "grad_cos_present": cos_present,
+        **_permutation_null(rows_in, rows_out, cos_present, generator),
         "grad_norm_in": n_in,
         "grad_norm_out": n_out,
         "grad_norm_ratio": n_in / n_out if n_out > 0 else None,
-        "grad_cancel": 1 - (g_in + g_out).norm().item() / (n_in + n_out) if n_in + n_out > 0 else None,
+        **_cancellation(dot, n_in, n_out),
         "grad_neg_rows": (row_cos < 0).float().mean().item() if len(row_cos) else None,
         "grad_present_rows": int(present.sum()),
     }
@@ -71,12 +122,26 @@ def interference(g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor,
     return stats
 
 
+def pairs_file(name: str) -> Path:
+    """The pairs file that diag.pairs / --pairs names: a bare name (letters, digits, _ and -, as
+    "en") is a file shipped in conf/pairs/<name>.tsv; anything else is a path ("./en" for a file
+    called en)."""
+    if not name.replace("-", "").replace("_", "").isalnum():
+        return Path(name).expanduser()
+    shipped = default_config_dir() / "pairs"
+    path = shipped / f"{name}.tsv"
+    if not path.is_file():
+        choices = ", ".join(sorted(p.stem for p in shipped.glob("*.tsv")))
+        raise TiecliError(f"no shipped pairs file {name!r} (shipped: {choices}); give a path such as ./{name} for your own file")
+    return path
+
+
 def form_pairs(enc: tiktoken.Encoding, path: str | None) -> tuple[list[tuple[int, int]], dict]:
-    """Related-form token pairs and where they came from: the user's file, else English suffix rules."""
+    """Related-form token pairs and where they came from: a shipped or user's file, else English suffix rules."""
     if path is None:
         pairs = geometry.english_form_pairs(tokenizer.token_strings(enc))
         return pairs, {"source": "english suffix rules", "found": len(pairs)}
-    pairs, skipped = geometry.read_pairs_file(Path(path).expanduser(), enc.encode_ordinary)
+    pairs, skipped = geometry.read_pairs_file(pairs_file(str(path)), enc.encode_ordinary)
     return pairs, {"source": str(path), "found": len(pairs), "skipped_lines": skipped}
 
 
@@ -91,38 +156,32 @@ def embedding_geometry(emb: Embeddings, emb0: Embeddings, counts: np.ndarray, bu
     return {**geometry.measure(w_in, w_out, counts, buckets, w_in0, w_out0, pairs, seed=seed), "pairs": pairs_info}
 
 
-def embeddings_from_state(state: dict, config: GPTConfig) -> Embeddings:
-    """An Embeddings module holding saved token matrices. Built on the meta device, so it draws no
-    random numbers: during training that would shift the dropout RNG and break exact resume."""
-    with torch.device("meta"):
-        emb = Embeddings(config)
-    emb.load_state_dict(state, assign=True)
-    return emb
+def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | None, write: bool) -> GeometryEntry:
+    """Recompute the geometry entry of a run at `step` (latest, init or a snapshot's step number).
 
-
-def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | None, write: bool) -> dict:
-    """Recompute the geometry entry of a run at `step` (latest, init or a snapshot's step number)."""
-    init = embeddings_from_state(checkpoint.load(run_dir / rundir.INIT_CHECKPOINT)["emb"], config.model)
+    With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost.
+    """
+    reader, name = rundir.RunReader(run_dir), run_dir.name
+    init = checkpoint.load_embeddings(run_dir / rundir.INIT_CHECKPOINT, config.model, name)
     if step == "latest":
-        ckpt = checkpoint.load(run_dir / rundir.CHECKPOINT)
-        emb = embeddings_from_state({k.removeprefix("emb."): v for k, v in ckpt["model"].items() if k.startswith("emb.")}, config.model)
-        number = ckpt["state"]["step"]
+        ckpt = reader.checkpoint()
+        emb, number = checkpoint.embeddings_of(ckpt, config.model, name), ckpt["state"]["step"]
     elif step == "init":
         emb, number = init, 0
     else:
-        saved = sorted(int(p.stem.removeprefix("step_")) for p in (run_dir / rundir.SNAPSHOTS).glob("step_*.pt"))
+        saved = reader.snapshot_steps()
         if not step.isdigit() or int(step) not in saved:
             choices = ", ".join(["latest", "init", *map(str, saved)])
             raise TiecliError(f"--step {step!r} has no saved token matrices in {str(run_dir)!r}; choose one of {choices}")
         number = int(step)
-        emb = embeddings_from_state(checkpoint.load(run_dir / rundir.SNAPSHOTS / f"step_{number}.pt")["emb"], config.model)
+        emb = checkpoint.load_embeddings(run_dir / rundir.SNAPSHOTS / f"step_{number}.pt", config.model, name)
     corpus = load_corpus(config.data, config.tokenizer)
-    rundir.check_corpus(run_dir, corpus.key)
+    reader.check_corpus(corpus.key)
     pairs, pairs_info = form_pairs(corpus.encoding, pairs_path or config.diag.pairs)
     buckets = corpus.buckets(config.eval.buckets)
-    entry = {"step": number, **embedding_geometry(emb, init, corpus.counts, buckets, pairs, pairs_info, config.diag.seed)}
+    measured = embedding_geometry(emb, init, corpus.counts, buckets, pairs, pairs_info, config.diag.seed)
+    entry = rundir.parse_record(GeometryEntry, {"step": number, **measured}, "a geometry entry")
     if write:
-        path = run_dir / rundir.GEOMETRY
-        entries = [e for e in (rundir.read_json(path) if path.exists() else []) if e["step"] != number]
-        rundir.write_json(path, sorted([*entries, entry], key=lambda e: e["step"]))
+        with rundir.RunWriter.open(run_dir) as run:
+            run.geometry(entry)
     return entry

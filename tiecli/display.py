@@ -1,7 +1,13 @@
 # Used by the CLI commands to print results; rich tables only, no computation.
-"""Terminal tables for a run's summary, an evaluation and a parameter breakdown."""
+"""Terminal output: training progress, and tables for a run's summary, an evaluation, a parameter breakdown."""
 
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+PLAIN_EVERY_S = 30.0  # without a terminal, a progress line at most this often (and at log steps only)
 
 PARAM_ROWS = (
     ("input_embedding", "input embedding"),
@@ -36,21 +42,22 @@ def eval_table(metrics: dict, title: str) -> Table:
     return table
 
 
-def summary_table(summary: dict) -> Table:
-    table = Table(title=f"run {summary['name']}: {summary['status']}", show_header=False)
+def summary_table(summary) -> Table:
+    """A run's rundir.Summary."""
+    table = Table(title=f"run {summary.name}: {summary.status}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
-    p = summary["params"]
+    p = summary.params
     embedding = p["input_embedding"] + p["output_matrix"] + p["shared"]
     rows = [
         ("parameters", f"{p['total']:,} ({embedding / p['total']:.1%} token embedding/output)"),
-        ("steps", f"{summary['step']:,} / {summary['max_steps']:,}"),
-        ("tokens", f"{summary['tokens']:,}"),
-        ("train time", f"{summary.get('train_time', 0):.1f} s ({summary.get('tokens_per_s', 0):,.0f} tokens/s)"),
+        ("steps", f"{summary.step:,} / {summary.max_steps:,}"),
+        ("tokens", f"{summary.tokens:,}"),
+        ("train time", f"{summary.train_time or 0:.1f} s ({summary.tokens_per_s or 0:,.0f} tokens/s)"),
     ]
-    if summary.get("best_val_loss") is not None:
-        rows.append(("best val loss (subset)", f"{summary['best_val_loss']:.4f} at step {summary['best_val_step']}"))
-    final = summary.get("final_val")
+    if summary.best_val_loss is not None:
+        rows.append(("best val loss (subset)", f"{summary.best_val_loss:.4f} at step {summary.best_val_step}"))
+    final = summary.final_val
     if final:
         rows += [("val loss", f"{final['loss']:.4f}"), ("val perplexity", f"{final['perplexity']:.2f}"),
                  ("val bits/byte", f"{final['bits_per_byte']:.4f}")]
@@ -64,16 +71,20 @@ GEOMETRY_ROWS = (
     ("norm_freq_spearman", "norm vs log frequency (Spearman)"),
     ("anisotropy", "anisotropy (random-pair cosine)"),
     ("cosine_to_mean", "cosine to the mean row"),
-    ("isotropy", "isotropy (Mu & Viswanath)"),
+    ("top_pc_share", "top principal component share (unit rows)"),
+    ("isotropy", "isotropy (Mu & Viswanath, unit rows)"),
     ("effective_rank", "effective rank"),
     ("stable_rank", "stable rank"),
     ("top_share", "top singular value share"),
     ("drift", "drift from init"),
     ("drift_rare", "drift from init, rare tokens"),
     ("forms_cosine", "related forms: pair cosine"),
+    ("forms_matched_cosine", "related forms: frequency-matched random cosine"),
+    ("forms_contrast", "related forms: contrast (pair - matched)"),
     ("forms_random_cosine", "related forms: random-pair cosine"),
 )
-AGREEMENT_ROWS = (("row_cosine", "input/output cosine per token"), ("knn_overlap", "10-NN overlap"), ("cka", "linear CKA"))
+AGREEMENT_ROWS = (("row_cosine", "input/output cosine per token"), ("distance", "|W_in - W_out|_F / |W_in|_F"),
+                  ("knn_overlap", "10-NN overlap"), ("cka", "linear CKA"))
 
 
 def num(value, spec: str = ".4g") -> str:
@@ -95,5 +106,71 @@ def geometry_table(entry: dict, title: str) -> Table:
         table.add_row("related forms: pairs used", *(str(side["forms_n_pairs"]) for _, side in sides))
     for key, label in AGREEMENT_ROWS:
         if entry["agreement"]:
-            table.add_row(label, num(entry["agreement"][key]), *[""] * (len(sides) - 1))
+            table.add_row(label, num(entry["agreement"].get(key)), *[""] * (len(sides) - 1))
     return table
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class TrainProgress:
+    """Training progress: a rich bar on a terminal, plain lines in a log (nohup, SLURM, CI, a sweep's job log).
+
+    The bar puts what matters first (step/total, loss, tokens/s, ETA), so it survives 80 columns; the
+    run's name gets a line of its own. Plain lines come at log steps, at most every PLAIN_EVERY_S
+    seconds, plus one per evaluation.
+    """
+
+    def __init__(self, console: Console, name: str, total: int, start: int, log_interval: int):
+        self.console, self.name, self.total, self.start = console, name, total, start
+        self.log_interval, self.started = log_interval, time.perf_counter()
+        self.last_line, self.loss, self.tps = 0.0, None, None
+        self.bar = Progress(
+            TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TextColumn("ETA"), TimeRemainingColumn(),
+            BarColumn(bar_width=None),
+            console=console, expand=True,
+        ) if console.is_terminal else None
+
+    def __enter__(self) -> "TrainProgress":
+        self.console.print(f"training {self.name}", highlight=False, markup=False, soft_wrap=True)
+        if self.bar:
+            self.bar.start()
+            self.task = self.bar.add_task("", total=self.total, completed=self.start, loss="—", tps="—")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar:
+            self.bar.stop()
+
+    def advance(self, step: int) -> None:
+        if self.bar:
+            self.bar.update(self.task, completed=step)
+
+    def eta(self, step: int) -> float | None:
+        done = step - self.start
+        return (time.perf_counter() - self.started) / done * (self.total - step) if done > 0 else None
+
+    def log(self, row) -> None:
+        """A metrics row was written: update the bar, or print a plain line when one is due."""
+        if row.loss is not None:
+            self.loss, self.tps = row.loss, row.tokens_per_s
+        if self.bar:
+            self.bar.update(self.task, loss=num(self.loss, ".3f"), tps=num(self.tps, ",.0f"))
+            return
+        now = time.perf_counter()
+        if row.loss is not None and (now - self.last_line >= PLAIN_EVERY_S or row.step == self.total):
+            self.last_line = now
+            self.plain(f"step {row.step}/{self.total} loss {num(self.loss, '.4f')} {num(self.tps, ',.0f')} tok/s "
+                       f"elapsed {duration(now - self.started)} ETA {duration(self.eta(row.step))}")
+        if row.val_loss is not None:
+            self.plain(f"eval step {row.step}/{self.total}: val loss {row.val_loss:.4f} (perplexity {row.val_ppl:.2f})")
+
+    def plain(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False, soft_wrap=True)

@@ -3,6 +3,7 @@
 
 import contextlib
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from tiecli import checkpoint, rundir
 from tiecli.config import Config
 from tiecli.data import BUCKETS, Corpus, eval_windows, load_corpus
 from tiecli.model import GPT
+from tiecli.rundir import EvalResult, RunWriter
 from tiecli.runtime import autocast_for, pick_device, pick_dtype
 
 
@@ -29,12 +31,14 @@ def evaluate(
     device: torch.device,
     autocast=contextlib.nullcontext,
     limit: int | None = None,
+    check: Callable[[], None] | None = None,
 ) -> dict:
     """Metrics over every token of `split` (or over `limit` fixed windows of it).
 
     loss: mean next-token NLL in nats; perplexity: exp(loss); bits_per_byte: total NLL in bits over
     the UTF-8 bytes of the predicted tokens, which does not depend on the tokenizer.
     by_bucket: the same loss and perplexity over targets in each frequency bucket.
+    check: called between batches; it raises to stop a long evaluation (Ctrl-C).
     """
     tokens = corpus.tokens[split]
     block_size = model.config.block_size
@@ -53,6 +57,8 @@ def evaluate(
         by_length.setdefault(length, []).append(start)
     for length, starts in by_length.items():
         for i in range(0, len(starts), batch_size):
+            if check is not None:
+                check()
             batch = np.stack([tokens[s : s + length + 1].astype(np.int64) for s in starts[i : i + batch_size]])
             batch = torch.from_numpy(batch).to(device)  # (B, T+1)
             x, y = batch[:, :-1], batch[:, 1:]
@@ -84,14 +90,15 @@ def evaluate(
     }
 
 
-def evaluate_run(run_dir: Path, config: Config, split: str) -> dict:
+def evaluate_run(run_dir: Path, config: Config, split: str) -> EvalResult:
     """Reload a run's last checkpoint, evaluate a whole split, and record it in eval.json."""
     device = pick_device(config.device)
-    model, ckpt = checkpoint.load_model(run_dir, config.model)
     corpus = load_corpus(config.data, config.tokenizer)
-    rundir.check_corpus(run_dir, corpus.key)
-    autocast = autocast_for(device, pick_dtype(config.dtype, device))
-    metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast)
-    metrics["step"] = ckpt["state"]["step"]
-    rundir.record_eval(run_dir, metrics)
-    return metrics
+    with RunWriter.open(run_dir) as run:
+        run.reader.check_corpus(corpus.key)
+        model, ckpt = checkpoint.load_model(run_dir / rundir.CHECKPOINT, config.model, run_dir.name)
+        autocast = autocast_for(device, pick_dtype(config.dtype, device))
+        metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast)
+        result = EvalResult(step=ckpt["state"]["step"], **metrics)
+        run.eval(result)
+    return result

@@ -91,6 +91,17 @@ class _Rows:
         return torch.linalg.eigh(self.gram)  # (C,), (C, C)
 
     @cached_property
+    def unit_gram(self):
+        """u^T u of the unit rows, float32 blocks summed in float64: no entry of a unit row exceeds 1,
+        so float32 products keep every eigenvalue ratio that isotropy and top_pc_share read (3x
+        faster than _gram64; the spectrum, which needs s_k down to 1e-8 s_1, uses `gram`)."""
+        return sum((block.T @ block).double() for block in self.unit.split(_CHUNK))  # (C, C)
+
+    @cached_property
+    def unit_mean(self):
+        return sum(block.sum(0, dtype=torch.float64) for block in self.unit.split(_CHUNK)) / self.n  # (C,)
+
+    @cached_property
     def centred_gram(self):
         """(x - mean)^T (x - mean) = x^T x - n mean mean^T, float64 so the subtraction is exact
         enough even when a large common vector dominates the rows."""
@@ -160,27 +171,47 @@ def row_norms(W, counts):
     return {"n_tokens": len(idx), **_row_norms(_Rows(W, idx), counts_occ)}
 
 
+# Below this total variance of the centred unit rows (per row) the rows point one way: float32
+# rounding of a perfect cone leaves ~1e-7 per row, and a share of rounding noise means nothing.
+_MIN_UNIT_VARIANCE = 1e-6
+
+
+def _top_pc_share(rows):
+    centred = rows.unit_gram - rows.n * torch.outer(rows.unit_mean, rows.unit_mean)  # (C, C)
+    variances = torch.linalg.eigvalsh(centred)  # (C,) ascending
+    total = variances.sum().item()
+    return variances[-1].item() / total if total > _MIN_UNIT_VARIANCE * rows.n else None
+
+
 def _anisotropy(rows, n_pairs, seed):
     mean_dir = torch.nn.functional.normalize(rows.mean.float(), dim=0)  # (C,)
     return {
         "anisotropy": _random_pair_cosine(rows, n_pairs, seed),
         "cosine_to_mean": (rows.unit @ mean_dir).double().mean().item(),
+        "top_pc_share": _top_pc_share(rows),
     }
 
 
 def anisotropy(W, counts, n_pairs=N_PAIRS, seed=0):
     """Ethayarajh 2019: mean cosine of n_pairs random pairs of distinct occurring rows
     (~0 for an isotropic cloud, -> 1 in a narrow cone), and the mean cosine of each row to the
-    mean row. Keys: n_tokens, anisotropy, cosine_to_mean."""
+    mean row. Random-pair cosines miss a rank-1 cloud whose rows point both ways along one axis
+    (they average to ~0), so also top_pc_share: the share of variance along the top principal
+    component of the mean-centred unit rows, lambda_1 / sum_k lambda_k (1 for rows on one line
+    through the mean, ~1/C for an isotropic cloud, None when the rows all point one way and
+    have no variance). Keys: n_tokens, anisotropy, cosine_to_mean, top_pc_share."""
     idx = _occurring(counts)
     return {"n_tokens": len(idx), **_anisotropy(_Rows(W, idx), n_pairs, seed)}
 
 
 def _isotropy(rows):
+    if not rows.x.any():  # an all-zero matrix has no directions to compare
+        return {"isotropy": None}
     # Eigenvectors are defined up to sign, so both c and -c are taken: the result does not
     # depend on which sign eigh happens to return. The (C, n) layout makes logsumexp run
     # along contiguous memory, ~3x faster than down the columns of (n, C).
-    proj = rows.eigh[1].float().T @ rows.x.T  # (C, n): c . w_i for every eigenvector c
+    vectors = torch.linalg.eigh(rows.unit_gram)[1]  # (C, C) columns: eigenvectors of u^T u
+    proj = vectors.float().T @ rows.unit.T  # (C, n): c . u_i for every eigenvector c
     log_z_plus = proj.logsumexp(1)  # (C,) log Z(c)
     log_z_minus = proj.neg_().logsumexp(1)  # (C,) log Z(-c)
     log_z = torch.cat([log_z_plus, log_z_minus])  # (2C,)
@@ -188,11 +219,13 @@ def _isotropy(rows):
 
 
 def isotropy(W, counts):
-    """Mu & Viswanath 2018: I(W) = min_c Z(c) / max_c Z(c), Z(c) = sum_i exp(c . w_i), c over
-    the unit eigenvectors (both signs) of W^T W, occurring rows only. Computed as
-    exp(min log Z - max log Z) with logsumexp, so large norms cannot overflow. In (0, 1].
-    Scale-dependent: for w ~ N(0, s^2 I), log Z(c) ~ log n + s^2 lambda_c / 2 where lambda_c is
-    the sample variance along c, so small clouds read ~1 and finite samples read below 1.
+    """Mu & Viswanath 2018 on the occurring rows normalised to unit norm, u_i = w_i / |w_i|:
+    I = min_c Z(c) / max_c Z(c), Z(c) = sum_i exp(c . u_i), c over the unit eigenvectors (both
+    signs) of U^T U; exp(min log Z - max log Z) with logsumexp. On raw rows the measure reads the
+    scale, not the shape (log Z(c) ~ log n + s^2 lambda_c / 2 for rows of scale s: one Gaussian
+    cloud reads 0.998 at x0.02 and 0.0008 at x5); on unit rows it is scale-free and lies in
+    [e^-2, 1]: 1 for an isotropic cloud, 1 / cosh(1) = 0.65 for rows split between +v and -v,
+    e^-2 = 0.14 for rows that all point one way. None for an all-zero matrix.
     Keys: n_tokens, isotropy."""
     idx = _occurring(counts)
     return {"n_tokens": len(idx), **_isotropy(_Rows(W, idx))}
@@ -275,8 +308,12 @@ def _agreement(rows_in, rows_out, k, n_queries, seed):
     # Y_c^T X_c = Y^T X - n mean_y mean_x^T so only the cross product needs a pass over rows.
     cross = _gram64(rows_out.x, rows_in.x) - rows_in.n * torch.outer(rows_out.mean, rows_in.mean)
     cka = cross.square().sum() / (rows_in.centred_gram.norm() * rows_out.centred_gram.norm())
+    # per-row sums of C squares are exact enough in float32; the totals are float64
+    apart = (rows_in.x - rows_out.x).pow(2).sum(1).sum(dtype=torch.float64).item()
+    size = rows_in.x.pow(2).sum(1).sum(dtype=torch.float64).item()
     return {
         "row_cosine": row_cos,
+        "distance": math.sqrt(apart / size) if size > 0 else None,
         "knn_overlap": shared / (len(queries) * k),
         "knn_k": k,
         "knn_queries": len(queries),
@@ -291,8 +328,10 @@ def agreement(W_in, W_out, counts, k=KNN_K, n_queries=N_QUERIES, seed=0):
       the k nearest other occurring tokens by cosine in that space (compared in blocks, never
       a V x V matrix);
     - cka: linear CKA (Kornblith et al. 2019), tokens as examples, columns centred:
-      |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F); 1 for spaces equal up to rotation and scale.
-    Keys: n_tokens, row_cosine, knn_overlap, knn_k, knn_queries, cka."""
+      |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F); 1 for spaces equal up to rotation and scale;
+    - distance: |W_in - W_out|_F / |W_in|_F over the occurring rows (0 when the matrices are
+      equal, as in a tied model; None when W_in is all zero).
+    Keys: n_tokens, row_cosine, distance, knn_overlap, knn_k, knn_queries, cka."""
     idx = _occurring(counts)
     result = _agreement(_Rows(W_in, idx), _Rows(W_out, idx), k, n_queries, seed)
     return {"n_tokens": len(idx), **result}
@@ -316,7 +355,9 @@ def _inflections(word):
     if word.endswith(("s", "x", "z", "ch", "sh", "o")):
         forms.append(word + "es")  # boxes, goes
     if word.endswith("e") and not word.endswith("ee"):
-        forms += [word + "d", word[:-1] + "ing"]  # liked, making
+        forms.append(word + "d")  # liked
+        if len(word) > 3:  # making keeps "mak"; a 3-letter base would pair the/thing, use/using
+            forms.append(word[:-1] + "ing")
     if word.endswith("y") and word[-2] not in _VOWELS:
         forms += [word[:-1] + "ied", word[:-1] + "ies"]  # tried, tries
     if len(word) >= 3 and _ends_cvc(word):
@@ -331,11 +372,12 @@ def english_form_pairs(token_strings):
     a curated pairs file (read_pairs_file) is the precise alternative.
 
     Only ASCII alphabetic words containing a vowel (y counts: "try"). In a vocabulary with
-    GPT-2 style word tokens (" walk") only those count, since its bare pieces are mostly word
-    endings ("irement"/"irements"); otherwise bare words do. The token text, space included,
-    must be >= 3 characters, so " go"/" going" counts but "er"/"ers" does not. "car" is not
-    paired with "caring" or "cared" when "care" is a token too (the e-drop reading wins).
-    Sorted, unique. token_strings[i] is token i's text, or None."""
+    GPT-2 style word tokens (" walk") only word-initial tokens count, since its bare pieces are
+    mostly word endings ("irement"/"irements"); otherwise bare words do. The base word must have
+    >= 3 letters, and the e-drop -ing form a base of >= 4: short bases are mostly word pieces
+    that the rules would pair with unrelated words (be/bed, wa/was, ke/king, the/thing).
+    "car" is not paired with "caring" or "cared" when "care" is a token too (the e-drop reading
+    wins). Sorted, unique. token_strings[i] is token i's text, or None."""
     index = {}
     for i, s in enumerate(token_strings):
         if s is not None:
@@ -344,9 +386,9 @@ def english_form_pairs(token_strings):
 
     pairs = set()
     for s, i in index.items():
-        if not s.startswith(prefix) or len(s) < 3:
-            continue
         word = s[len(prefix) :]
+        if not s.startswith(prefix) or len(word) < 3:
+            continue
         if not (word.isascii() and word.isalpha() and set(word.lower()) & set("aeiouy")):
             continue
         e_word = prefix + word + "e" in index and not word.endswith("e")
@@ -389,35 +431,75 @@ def read_pairs_file(path, encode):
     return list(pairs), skipped
 
 
-def _pair_contrast(rows, pair_rows, n_random, seed):
+N_DECILES = 10  # frequency classes of the matched baseline
+
+
+def _deciles(counts_occ):
+    """(n,) decile 0..9 of each occurring token's log count. Edges at the 10%, ..., 90% quantiles,
+    so equal counts share a decile (the many tokens seen once make one class, not several)."""
+    log_counts = np.log(counts_occ)
+    edges = np.quantile(log_counts, np.arange(1, N_DECILES) / N_DECILES)
+    return np.searchsorted(edges, log_counts, side="right")
+
+
+def _matched_random_cosine(unit, pair_rows, counts_occ, n_random, seed):
+    """Mean cosine of frequency-matched random pairs: for each related pair (i, j), equally many
+    (ceil(n_random / P)) pairs (i', j') with i' drawn uniformly from i's decile of log count and
+    j' from j's, i' != j'. Frequency alone moves cosines (frequent tokens share directions), so
+    this is the baseline a related pair must beat."""
+    decile = _deciles(counts_occ)
+    order = np.argsort(decile, kind="stable")  # positions grouped by decile
+    start = np.searchsorted(decile[order], np.arange(N_DECILES + 1))  # decile d: order[start[d]:start[d + 1]]
+    reps = -(-n_random // len(pair_rows))
+    d_i, d_j = (np.repeat(decile[pair_rows[:, k]], reps) for k in (0, 1))  # (P * reps,) each
+    same = d_i == d_j  # then j' is drawn from the decile's other tokens
+    size_i, size_j = start[d_i + 1] - start[d_i], start[d_j + 1] - start[d_j] - same
+    u = torch.rand(2, len(d_i), generator=_generator(seed), dtype=torch.float64).numpy()
+    r_i = np.minimum((u[0] * size_i).astype(np.int64), size_i - 1)  # rank within the decile
+    r_j = np.minimum((u[1] * size_j).astype(np.int64), size_j - 1)
+    r_j += same & (r_j >= r_i)  # skip i' itself
+    i, j = order[start[d_i] + r_i], order[start[d_j] + r_j]
+    return _pair_cosine(unit, torch.from_numpy(i), torch.from_numpy(j))
+
+
+def _pair_contrast(rows, pair_rows, counts_occ, n_random, seed):
+    out = {"forms_n_pairs": len(pair_rows), "forms_cosine": None, "forms_random_cosine": None,
+           "forms_matched_cosine": None, "forms_contrast": None}
     if len(pair_rows) == 0:
-        return {"forms_n_pairs": 0, "forms_cosine": None, "forms_random_cosine": None,
-                "forms_contrast": None}
+        return out
     pairs = torch.from_numpy(pair_rows)  # (P, 2) positions among the occurring rows
     cos = _pair_cosine(rows.unit, pairs[:, 0], pairs[:, 1])
-    base = _random_pair_cosine(rows, n_random, seed)
-    return {"forms_n_pairs": len(pairs), "forms_cosine": cos, "forms_random_cosine": base,
-            "forms_contrast": cos - base}
+    matched = _matched_random_cosine(rows.unit, pair_rows, counts_occ, n_random, seed)
+    out.update(forms_cosine=cos, forms_random_cosine=_random_pair_cosine(rows, n_random, seed),
+               forms_matched_cosine=matched, forms_contrast=cos - matched)
+    return out
 
 
 def _pair_rows(pairs, idx, vocab_size):
-    """Token-id pairs -> (P, 2) positions among the occurring rows, dropping pairs with a
-    token that does not occur."""
+    """Token-id pairs -> (P, 2) unique positions among the occurring rows, dropping pairs with
+    a token that does not occur and pairs of a token with itself."""
     pos = np.full(vocab_size, -1)
     pos[idx] = np.arange(len(idx))
     p = pos[np.asarray(pairs, dtype=np.int64).reshape(-1, 2)]  # (P, 2)
-    return p[(p >= 0).all(1)]
+    p = p[(p >= 0).all(1) & (p[:, 0] != p[:, 1])]
+    return np.unique(p, axis=0)
 
 
 def pair_contrast(W, pairs, counts, n_random=N_PAIRS, seed=0):
-    """Mean cosine of the given token pairs (those whose two tokens occur) against the mean
-    cosine of n_random random pairs of occurring rows; contrast = pairs - random. Positive:
-    the space pulls the forms together; about 0 or below: it keeps them apart (R3).
-    Keys: n_tokens, forms_n_pairs, forms_cosine, forms_random_cosine, forms_contrast (the
-    three means are None with no usable pair)."""
+    """Related-form contrast (R3) over the given token pairs whose two tokens occur (self-pairs
+    and repeats dropped; forms_n_pairs counts the pairs used):
+    - forms_cosine: mean cosine of the pairs;
+    - forms_matched_cosine: mean cosine of frequency-matched random pairs (_matched_random_cosine);
+    - forms_contrast = forms_cosine - forms_matched_cosine. Positive: the space pulls the forms
+      together beyond what their frequencies explain; about 0 or below: it keeps them apart;
+    - forms_random_cosine: mean cosine of n_random uniform random pairs, descriptive only
+      (frequent-frequent pairs are rare among them, yet common among related forms).
+    Keys: n_tokens, forms_n_pairs, forms_cosine, forms_matched_cosine, forms_random_cosine,
+    forms_contrast (the four means are None with no usable pair)."""
     idx = _occurring(counts)
-    result = _pair_contrast(_Rows(W, idx), _pair_rows(pairs, idx, W.shape[0]), n_random, seed)
-    return {"n_tokens": len(idx), **result}
+    counts_occ = np.asarray(counts)[idx]
+    pair_rows = _pair_rows(pairs, idx, W.shape[0])
+    return {"n_tokens": len(idx), **_pair_contrast(_Rows(W, idx), pair_rows, counts_occ, n_random, seed)}
 
 
 # -----------------------------------------------------------------------------
@@ -427,24 +509,23 @@ def pair_contrast(W, pairs, counts, n_random=N_PAIRS, seed=0):
 def _matrix_metrics(rows, counts_occ, pair_rows, seed):
     out = {**_row_norms(rows, counts_occ), **_anisotropy(rows, N_PAIRS, seed), **_isotropy(rows)}
     out.update(_spectrum(rows, MAX_SINGULAR_VALUES))
-    if pair_rows is not None:
-        # same n and seed as the anisotropy pairs, so forms_random_cosine == anisotropy
-        out.update(_pair_contrast(rows, pair_rows, N_PAIRS, seed))
+    # same n and seed as the anisotropy pairs, so forms_random_cosine == anisotropy
+    out.update(_pair_contrast(rows, pair_rows, counts_occ, N_PAIRS, seed))
     return out
 
 
 def measure(W_in, W_out, counts, buckets, W_in0=None, W_out0=None, pairs=(), seed=0):
     """The full geometry pass, run during training and by `tiecli geometry`. Returns
     {"n_tokens", "tied", "input": {...}, "output": {...}, "agreement": {...} or None}.
-    Each side holds row_norms, anisotropy, isotropy and spectrum keys, drift keys when that
-    side's W0 is given, forms_* keys when pairs are given. When W_in and W_out are the same
-    tensor ("tied"), the side metrics are computed once and agreement is None
-    (it would be trivially 1)."""
+    Each side holds row_norms, anisotropy, isotropy, spectrum and pair_contrast keys (forms_n_pairs
+    always; the forms_* means None without usable pairs), drift keys when that side's W0 is
+    given. When W_in and W_out are the same tensor ("tied"), the side metrics are computed once
+    and agreement is None (row_cosine, knn_overlap and cka would be 1, distance 0)."""
     idx = _occurring(counts)
     counts_occ, buckets_occ = np.asarray(counts)[idx], np.asarray(buckets)[idx]
     # Tied is structural: untied_init and hybrid start with equal matrices, yet they are two.
     tied = W_in is W_out
-    pair_rows = _pair_rows(pairs, idx, W_in.shape[0]) if len(pairs) else None
+    pair_rows = _pair_rows(pairs, idx, W_in.shape[0])
 
     rows_in = _Rows(W_in, idx)
     rows_out = rows_in if tied else _Rows(W_out, idx)

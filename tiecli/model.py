@@ -19,11 +19,18 @@ TYING_MODES = ("untied", "tied", "tied_bias", "scaled", "partial", "hybrid", "un
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 4096
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    """The model's shape and tying mode.
+
+    The sizes have no defaults: conf/ holds them, and tiecli/config.py fills every field from there.
+    The rest default to nanoGPT's choices (no dropout, biases, tied) and, for the settings that only
+    some modes have, to stand-ins for the other modes (conf/ gives each mode only its own settings).
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
     dropout: float = 0.0
     bias: bool = True  # biases in Linears and LayerNorms, as GPT-2
     tying: str = "tied"  # one of TYING_MODES
@@ -33,19 +40,20 @@ class GPTConfig:
     rank: int = 16  # hybrid: rank of the output matrix's independent part
 
     def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):  # first: n_head=0 would divide by zero
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.tying not in TYING_MODES:
             raise ValueError(f"tying mode {self.tying!r} is not one of {', '.join(TYING_MODES)}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
-        if not 0.0 <= self.shared_fraction <= 1.0:
-            raise ValueError(f"shared_fraction={self.shared_fraction} is not in [0, 1]")
-        if not 1 <= self.rank <= self.n_embd:
-            raise ValueError(f"rank={self.rank} is not in [1, n_embd={self.n_embd}]")
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} is not in [0, 1)")
+        # Only the mode that uses a setting checks it: the stand-in rank=16 must not refuse a tied model 8 wide.
+        if self.tying == "partial" and not 0.0 <= self.shared_fraction <= 1.0:
+            raise ValueError(f"shared_fraction={self.shared_fraction} is not in [0, 1]")
+        if self.tying == "hybrid" and not 1 <= self.rank <= self.n_embd:
+            raise ValueError(f"rank={self.rank} is not in [1, n_embd={self.n_embd}]")
 
     @property
     def n_shared(self) -> int:

@@ -1,35 +1,84 @@
 # Used by `tiecli report`: its figures, drawn off-screen with matplotlib's Agg canvas into PNG bytes.
-"""The report's figures. Each function takes the report's groups (tiecli/report.py: label, mode,
-panel, series, stats, runs with their curves) and returns PNG bytes, or None when no run has the
-data. One panel per comparison set (the groups that differ only on the baseline axis, e.g. the
-tying modes at one model size); one colour per tying mode throughout."""
+"""The report's figures. Each figure function takes the report's groups (tiecli.report.groups.Group:
+label, mode, panel, series, target, stats, runs with their curves) and returns a matplotlib Figure, or
+raises NotDrawn saying why; draw_all encodes them as PNG. One panel per comparison set (the groups
+that differ only on the baseline axis, e.g. the tying modes at one model size), in numeric order;
+each line its own colour and marker, the same in every panel."""
 
 import io
+import re
+import textwrap
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:
+    from tiecli.report.groups import Group
 
 PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
+MARKERS = "osD^v<>PXph*"  # 12 against 10 colours: 60 lines before a colour and marker pair repeats
+PANEL_WIDTH, PANEL_HEIGHT = 5.2, 4.0  # inches
+TITLE_CHARS_PER_INCH = 9  # a title at matplotlib's "large" size (12 pt) wraps at about this many characters per inch
 
 
-def colours(groups: list[dict]) -> dict[str, str]:
-    modes = list(dict.fromkeys(g["mode"] for g in groups))
-    return {mode: PALETTE[i % len(PALETTE)] for i, mode in enumerate(modes)}
+class NotDrawn(Exception):
+    """A figure that is not drawn; the message says why."""
 
 
-def panels(groups: list[dict]) -> dict[str, list[dict]]:
+@dataclass(frozen=True)
+class Style:
+    name: str  # the legend entry
+    colour: str
+    marker: str
+
+
+def natural(text: str) -> tuple:
+    """Sort key with the numbers in text compared as numbers: "30" < "200" < "300"."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", text)
+    return tuple(float(p) if i % 2 else p for i, p in enumerate(parts))
+
+
+def size_order(g: "Group") -> tuple:
+    return g.params["non_embedding"], natural(g.label)
+
+
+def styles(names) -> dict[str, Style]:
+    """A colour and marker pair for each distinct name, in the order given."""
+    return {n: Style(n, PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]) for i, n in enumerate(dict.fromkeys(names))}
+
+
+def panels(groups: list["Group"]) -> dict[str, list["Group"]]:
+    """The groups by panel: panels by parameter count, then by the numbers in their names; groups likewise."""
     out = {}
-    for g in groups:
-        out.setdefault(g["panel"], []).append(g)
-    return out
+    for g in sorted(groups, key=size_order):
+        out.setdefault(g.panel, []).append(g)
+    return dict(sorted(out.items(), key=lambda item: (size_order(item[1][0])[0], natural(item[0]))))
+
+
+def panel_styles(groups: list["Group"]) -> dict[str, Style]:
+    """Each group's style by label, named by what tells the groups of a panel apart: the tying mode, else
+    the series (the label less the model size), else the whole label. Equal names, equal styles."""
+    by_panel = panels(groups).values()
+    name = next(f for f in (lambda g: g.mode, lambda g: g.series, lambda g: g.label)
+                if all(len({f(g) for g in members}) == len(members) for members in by_panel))
+    style = styles(name(g) for g in sorted(groups, key=size_order))
+    return {g.label: style[name(g)] for g in groups}
+
+
+def wrap(text: str, inches: float) -> str:
+    return textwrap.fill(text, max(20, int(inches * TITLE_CHARS_PER_INCH)))
 
 
 def grid(n: int, title: str) -> tuple[Figure, list]:
     cols = min(n, 3)
     rows = -(-n // cols)
-    fig = Figure(figsize=(max(5.2 * cols, 7), 4 * rows), layout="constrained")
+    width = max(PANEL_WIDTH * cols, 7)
+    fig = Figure(figsize=(width, PANEL_HEIGHT * rows), layout="constrained")
     FigureCanvasAgg(fig)  # no pyplot: nothing global, no display needed
-    fig.suptitle(title)
+    fig.suptitle(wrap(title, width))  # wrapped to the figure's width: never clipped at its edges
     return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
 
 
@@ -47,107 +96,126 @@ def label_once(seen: set, label: str) -> str | None:
     return label
 
 
-def per_run_panels(groups, title, ylabel, has_data, draw) -> bytes | None:
-    """A panel per comparison set, draw(ax, group, run, colour, seen) for every run that has the data."""
-    chosen = {p: gs for p, gs in panels(groups).items() if any(has_data(r) for g in gs for r in g["runs"])}
+def per_run_panels(groups, title, axis_labels, has_data, draw, missing) -> Figure:
+    """A panel per comparison set, draw(ax, group, run, style, seen) for every run that has the data;
+    NotDrawn(missing) when no run has it. The x axis (steps or tokens) has whole-number ticks."""
+    chosen = {p: gs for p, gs in panels(groups).items() if any(has_data(r) for g in gs for r in g.runs)}
     if not chosen:
-        return None
-    colour = colours(groups)
+        raise NotDrawn(missing)
+    style = panel_styles(groups)
     fig, axes = grid(len(chosen), title)
     for ax, (panel, members) in zip(axes, chosen.items()):
         seen = set()
         for g in members:
-            for run in g["runs"]:
+            for run in g.runs:
                 if has_data(run):
-                    draw(ax, g, run, colour[g["mode"]], seen)
-        ax.set_title(panel)
-        ax.set_ylabel(ylabel)
+                    draw(ax, g, run, style[g.label], seen)
+        ax.set_title(wrap(panel, PANEL_WIDTH))
+        ax.set_xlabel(axis_labels[0])
+        ax.set_ylabel(axis_labels[1])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    return png(fig)
+    return fig
 
 
-def val_loss(groups: list[dict]) -> bytes | None:
-    def draw(ax, g, run, colour, seen):
-        steps, tokens, loss = zip(*run["curve"])
-        ax.plot(tokens, loss, color=colour, marker=".", lw=1, alpha=0.8, label=label_once(seen, g["mode"]))
-        if g["target"] is not None and "target" not in seen:
-            ax.axhline(g["target"], color="black", ls=":", lw=1, label=label_once(seen, "target"))
-        ax.set_xlabel("tokens seen")
+def val_loss(groups: list["Group"]) -> Figure:
+    def draw(ax, g, run, style, seen):
+        steps, tokens, loss = zip(*run.curve)
+        ax.plot(tokens, loss, color=style.colour, marker=style.marker, ms=4, lw=1, alpha=0.8, label=label_once(seen, style.name))
+        if g.target is not None and "target" not in seen:
+            ax.axhline(g.target, color="black", ls=":", lw=1, label=label_once(seen, "target"))
 
     return per_run_panels(groups, "Validation loss during training (in-training subset; one line per seed)",
-                          "validation loss (nats)", lambda r: bool(r["curve"]), draw)
+                          ("tokens seen", "validation loss (nats)"), lambda r: bool(r.curve), draw,
+                          "no run has in-training validation losses")
 
 
-def grad_cos(groups: list[dict]) -> bytes | None:
-    def draw(ax, g, run, colour, seen):
-        steps, cos = zip(*run["grad"])
-        ax.plot(steps, cos, color=colour, lw=1, alpha=0.8, label=label_once(seen, g["mode"]))
+def grad_cos(groups: list["Group"]) -> Figure:
+    def draw(ax, g, run, style, seen):
+        steps, cos = zip(*run.grad)
+        ax.plot(steps, cos, color=style.colour, marker=style.marker, ms=3, lw=1, alpha=0.8, label=label_once(seen, style.name))
         ax.axhline(0, color="black", lw=0.6)
-        ax.set_xlabel("step")
 
     return per_run_panels(groups, "Cosine of the input-path and output-path gradients of the token matrices (one line per seed)",
-                          "cos(G_in, G_out)", lambda r: bool(r["grad"]), draw)
+                          ("step", "cos(G_in, G_out)"), lambda r: bool(r.grad), draw,
+                          "no run has gradient statistics (diag.every = 0)")
 
 
-def drift(groups: list[dict]) -> bytes | None:
-    def draw(ax, g, run, colour, seen):
-        steps, d_in, d_out = zip(*run["drift"])
-        ax.plot(steps, d_in, color=colour, marker=".", lw=1, label=label_once(seen, f"{g['mode']} input" + (" = output" if run["tied_geometry"] else "")))
+def drift(groups: list["Group"]) -> Figure:
+    def draw(ax, g, run, style, seen):
+        steps, d_in, d_out = zip(*run.drift)
+        if run.tied_geometry:  # one matrix: a thick line over the untied ones, which show through it
+            ax.plot(steps, d_in, color=style.colour, marker=style.marker, lw=2.5, alpha=0.75, zorder=3,
+                    label=label_once(seen, f"{style.name} input = output"))
+            return
+        ax.plot(steps, d_in, color=style.colour, marker=style.marker, lw=1.2, zorder=2, label=label_once(seen, f"{style.name} input"))
         if any(d is not None for d in d_out):
-            ax.plot(steps, d_out, color=colour, marker=".", lw=1, ls="--", label=label_once(seen, f"{g['mode']} output"))
-        ax.set_xlabel("step")
+            ax.plot(steps, d_out, color=style.colour, marker=style.marker, mfc="white", lw=1.2, ls="--", zorder=1,
+                    label=label_once(seen, f"{style.name} output"))
 
-    return per_run_panels(groups, "Drift from initialisation |W - W0| / |W0| (solid: input embedding, dashed: output matrix)",
-                          "relative drift", lambda r: bool(r["drift"]), draw)
+    return per_run_panels(groups, "Drift from initialisation |W - W0| / |W0| (thick: the one tied matrix; "
+                          "thin solid: input embedding, dashed: output matrix)",
+                          ("step", "relative drift"), lambda r: bool(r.drift), draw, "no run has geometry entries (diag.geometry off)")
 
 
-def ppl_vs_params(groups: list[dict]) -> bytes | None:
-    points = [g for g in groups if g["stats"]["perplexity"]]
-    if not points:
-        return None
-    colour = colours(groups)
-    fig, (ax,) = grid(1, "Validation perplexity vs non-embedding parameters\n(mean over seeds; bars: 95% CI, none with one seed)")
+def ppl_vs_params(groups: list["Group"]) -> Figure:
+    points = sorted((g for g in groups if g.stats["perplexity"]), key=size_order)
+    sizes = {g.params["non_embedding"] for g in points}
+    if len(sizes) < 2:
+        raise NotDrawn("one model size: perplexity against parameters needs two or more" if sizes else
+                       "no group has a validation perplexity")
     series = {}
     for g in points:
-        series.setdefault(g["series"], []).append(g)
-    for i, (name, members) in enumerate(series.items()):
-        members.sort(key=lambda g: g["params"]["non_embedding"])
-        x = [g["params"]["non_embedding"] for g in members]
-        y = [g["stats"]["perplexity"]["mean"] for g in members]
-        low = [m - (g["stats"]["perplexity"]["low"] if g["stats"]["perplexity"]["low"] is not None else m) for g, m in zip(members, y)]
-        high = [(g["stats"]["perplexity"]["high"] if g["stats"]["perplexity"]["high"] is not None else m) - m for g, m in zip(members, y)]
-        ax.errorbar(x, y, yerr=[low, high], color=colour[members[0]["mode"]], marker="os^vD"[i % 5], capsize=4, label=name)
+        series.setdefault(g.series, []).append(g)
+    style = styles(series)
+    fig, (ax,) = grid(1, "Validation perplexity vs non-embedding parameters (mean over seeds; bars: 95% CI, none with one seed)")
+    for name, members in series.items():
+        cis = [g.stats["perplexity"] for g in members]
+        y = [ci.mean for ci in cis]
+        low = [ci.mean - (ci.low if ci.low is not None else ci.mean) for ci in cis]
+        high = [(ci.high if ci.high is not None else ci.mean) - ci.mean for ci in cis]
+        ax.errorbar([g.params["non_embedding"] for g in members], y, yerr=[low, high], color=style[name].colour,
+                    marker=style[name].marker, capsize=4, label=name)
     ax.set_xscale("log")
     ax.set_xlabel("non-embedding parameters")
     ax.set_ylabel("validation perplexity")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return png(fig)
+    return fig
 
 
-def spectra(groups: list[dict]) -> bytes | None:
-    measured = [g for g in groups if g["runs"][0]["spectra"]]
+def spectra(groups: list["Group"]) -> Figure:
+    measured = sorted((g for g in groups if g.runs[0].spectra), key=size_order)
     if not measured:
-        return None
-    colour = colours(groups)
-    style = {panel: ("-", "--", ":", "-.")[i % 4] for i, panel in enumerate(panels(measured))}  # colour: mode; line: size
+        raise NotDrawn("no run has geometry entries (diag.geometry off)")
+    style = styles(g.label for g in measured)
     fig, axes = grid(2, "Singular values at the last geometry step (each group's lowest seed)")
     for side, ax in enumerate(axes):
         for g in measured:
-            values = g["runs"][0]["spectra"][side]
-            ax.plot(range(1, len(values) + 1), values, color=colour[g["mode"]], ls=style[g["panel"]],
-                    lw=1.2, label=g["label"] + (" (shared)" if g["runs"][0]["tied_geometry"] else ""))
+            values = g.runs[0].spectra[side]
+            ax.plot(range(1, len(values) + 1), values, color=style[g.label].colour, marker=style[g.label].marker,
+                    markevery=max(1, len(values) // 8), ms=4, lw=1.2, label=g.label + (" (shared)" if g.runs[0].tied_geometry else ""))
         ax.set_yscale("log")
         ax.set_title(("input embedding", "output matrix")[side])
         ax.set_xlabel("index (descending)")
         ax.set_ylabel("singular value")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    return png(fig)
+    return fig
 
 
-def draw_all(groups: list[dict]) -> dict[str, bytes | None]:
-    """Every figure by file name, None where no run has the data."""
-    return {"val_loss.png": val_loss(groups), "ppl_vs_params.png": ppl_vs_params(groups), "grad_cos.png": grad_cos(groups),
-            "drift.png": drift(groups), "spectra.png": spectra(groups)}
+FIGURES = {"val_loss.png": val_loss, "ppl_vs_params.png": ppl_vs_params, "grad_cos.png": grad_cos,
+           "drift.png": drift, "spectra.png": spectra}
+
+
+def draw_all(groups: list["Group"]) -> tuple[dict[str, bytes], list[str]]:
+    """PNG bytes of each figure drawn, by file name; and for each one not drawn, a line saying why."""
+    images, absent = {}, []
+    for name, figure in FIGURES.items():
+        try:
+            images[name] = png(figure(groups))
+        except NotDrawn as e:
+            absent.append(f"{name}: not drawn ({e})")
+    return images, absent

@@ -1,4 +1,4 @@
-# Used by `tiecli train`: set up, train, evaluate, and keep the run directory true throughout.
+# Used by `tiecli train`: set up, train, evaluate; every file of the run goes through its RunWriter.
 """The training recipe: data -> model -> AdamW with warmup + cosine -> checkpoints -> final evaluation.
 
 A run can be stopped (Ctrl-C or SIGTERM: the current step finishes, a checkpoint is saved, the run
@@ -10,21 +10,24 @@ import math
 import platform
 import signal
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 import tiecli
 from tiecli import checkpoint, diagnostics, rundir
 from tiecli.config import Config, TrainConfig
-from tiecli.data import get_batch, load_corpus
+from tiecli.data import Corpus, get_batch, load_corpus
+from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate
-from tiecli.model import GPT
+from tiecli.model import GPT, Embeddings
+from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
 from tiecli.runtime import autocast_for, pick_device, pick_dtype
 
 
@@ -32,6 +35,41 @@ class Interrupted(TiecliError):
     """The run stopped on Ctrl-C/SIGTERM after saving a checkpoint."""
 
     exit_code = 130
+
+
+class Diverged(TiecliError):
+    """The training loss became NaN or infinite; the last checkpoint from before it stays."""
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint carries besides weights, optimizer and RNG, to resume exactly."""
+
+    step: int = 0
+    tokens: int = 0
+    train_time: float = 0.0
+    wall_time: float = 0.0
+    best_val_loss: float | None = None
+    best_val_step: int | None = None
+    loss_sum: float = 0.0  # train loss summed since the last log line
+    loss_n: int = 0
+
+
+@dataclass
+class Setup:
+    """What the loop works with, built before the run directory exists (so a bad input leaves nothing)."""
+
+    config: Config
+    device: torch.device
+    dtype: str
+    autocast: Callable
+    corpus: Corpus
+    buckets: np.ndarray
+    model: GPT
+    optimizer: torch.optim.AdamW
+    sampler: torch.Generator
+    pairs: list
+    pairs_info: dict
 
 
 def make_optimizer(model: GPT, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -52,230 +90,281 @@ def lr_at(step: int, t: TrainConfig, max_steps: int) -> float:
     return t.min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) * (t.lr - t.min_lr)
 
 
-def build_model(config: Config, device: torch.device) -> GPT:
-    torch.manual_seed(config.seed)
-    return GPT(config.model).to(device)
-
-
-class StopFlag:
-    """Ctrl-C and SIGTERM ask the loop to stop after the current step; a second Ctrl-C stops at once."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.previous[sig] = signal.signal(sig, self.handle)
-        return self
-
-    def handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], console: Console | None = None) -> dict:
-    """Train one run into run_dir (created here once the data is ready); returns summary.json's content.
-
-    files: the config.yaml and overrides.yaml texts to write into a new run directory.
-    """
-    console = console or Console(stderr=True)
+def prepare(config: Config) -> Setup:
+    """Data, model and optimizer; checks the data fits the model before any file is written."""
     device = pick_device(config.device)
     dtype = pick_dtype(config.dtype, device)
-    autocast = autocast_for(device, dtype)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-
     corpus = load_corpus(config.data, config.tokenizer)
-    buckets = corpus.buckets(config.eval.buckets)
-    model = build_model(config, device)
-    optimizer = make_optimizer(model, config.train, device)
-    sampler = torch.Generator().manual_seed(config.seed)
-    max_steps = config.max_steps
-    t, d = config.train, config.diag
-    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, d.pairs) if d.geometry else ([], {})
-
-    ckpt_path = run_dir / rundir.CHECKPOINT
-    # Everything a checkpoint must carry besides weights, optimizer and RNG to resume exactly.
-    state = {"step": 0, "tokens": 0, "train_time": 0.0, "wall_time": 0.0,
-             "best_val_loss": None, "best_val_step": None, "loss_sum": 0.0, "loss_n": 0}
-    resumed = resume and ckpt_path.exists()
-    if resumed:
-        rundir.check_corpus(run_dir, corpus.key)
-        ckpt = checkpoint.load(ckpt_path)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        sampler.set_state(ckpt["rng"]["sampler"])
-        if device.type == "cuda" and "cuda" in ckpt["rng"]:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
-        state = ckpt["state"]
-        rundir.truncate_after(run_dir, state["step"])
-        console.print(f"resuming {run_dir.name} from step {state['step']}")
-    else:
-        rundir.truncate_after(run_dir, -1)
-        for name, text in files.items():
-            rundir.atomic_write(run_dir / name, text)
-        checkpoint.save(run_dir / rundir.INIT_CHECKPOINT, {"emb": model.emb.state_dict()})
-    # The token matrices at step 0, for drift: read back from disk, so they survive --resume.
-    emb0 = diagnostics.embeddings_from_state(checkpoint.load(run_dir / rundir.INIT_CHECKPOINT)["emb"], config.model)
-    geometry_log = rundir.read_json(run_dir / rundir.GEOMETRY) if (run_dir / rundir.GEOMETRY).exists() else []
-    buckets_t = torch.from_numpy(buckets.astype("int64")).to(device)
-
+    for split, tokens in corpus.tokens.items():
+        if len(tokens) < config.model.block_size + 1:
+            raise TiecliError(f"the {split} split has {len(tokens)} tokens, fewer than model.block_size + 1 = "
+                              f"{config.model.block_size + 1}; use a smaller model.block_size or more data")
+    torch.manual_seed(config.seed)
+    model = GPT(config.model).to(device)
     if config.compile:
         # The transformer blocks only: they hold the fusible work, while the token matrices stay
         # eager, so the gradient-recording hooks and views of diagnostics never break a graph.
         for block in model.h:
             block.compile()
+    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if config.diag.geometry else ([], {})
+    return Setup(config, device, dtype, autocast_for(device, dtype), corpus, corpus.buckets(config.eval.buckets), model,
+                 make_optimizer(model, config.train, device), torch.Generator().manual_seed(config.seed), pairs, pairs_info)
 
-    summary = {
-        "name": run_dir.name,
-        "status": "running",
-        "error": None,
-        "seed": config.seed,
-        "params": model.param_counts(),
-        "max_steps": max_steps,
-        "tokens_per_step": config.tokens_per_step,
-        "step": state["step"],
-        "tokens": state["tokens"],
-        "device": str(device),
-        "dtype": dtype,
-        "compile": config.compile,
-        "versions": {"tiecli": tiecli.__version__, "torch": torch.__version__, "python": platform.python_version()},
-        "corpus": {"key": corpus.key, "train_tokens": len(corpus.tokens["train"]), "vocab_size": corpus.encoding.n_vocab},
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-    rundir.write_json(run_dir / rundir.SUMMARY, summary)
-    session_start, wall_before = time.perf_counter(), state["wall_time"]
 
-    loss_acc = torch.tensor(state["loss_sum"], device=device)  # train loss summed since the last log line
+def new_summary(s: Setup, name: str) -> Summary:
+    c = s.config
+    return Summary(
+        name=name, status="running", seed=c.seed, params=s.model.param_counts(), max_steps=c.max_steps,
+        tokens_per_step=c.tokens_per_step, step=0, tokens=0, device=str(s.device), dtype=s.dtype, compile=c.compile,
+        versions={"tiecli": tiecli.__version__, "torch": torch.__version__, "python": platform.python_version()},
+        corpus={"key": s.corpus.key, "train_tokens": len(s.corpus.tokens["train"]), "vocab_size": s.corpus.encoding.n_vocab},
+        started=now())
 
-    def save_checkpoint() -> None:
-        state["loss_sum"] = loss_acc.item()
-        rng = {"torch": torch.get_rng_state(), "sampler": sampler.get_state()}
-        if device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state()
-        state["wall_time"] = wall_before + time.perf_counter() - session_start
-        checkpoint.save(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng, "state": state})
 
-    def val_subset() -> dict:
-        return evaluate(model, corpus, "val", buckets, device, autocast, limit=t.eval_batches * t.batch_size)
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
-    def record_geometry(step: int) -> None:
-        if not d.geometry:
-            return
-        entry = diagnostics.embedding_geometry(model.emb, emb0, corpus.counts, buckets, pairs, pairs_info, d.seed)
-        geometry_log.append({"step": step, **entry})
-        rundir.write_json(run_dir / rundir.GEOMETRY, geometry_log)
-        if d.snapshots:
-            checkpoint.save(run_dir / rundir.SNAPSHOTS / f"step_{step}.pt", {"emb": model.emb.state_dict()})
 
-    def finish(status: str, **fields) -> None:
-        state["wall_time"] = wall_before + time.perf_counter() - session_start
-        summary.update(status=status, step=state["step"], tokens=state["tokens"], wall_time=state["wall_time"],
-                       train_time=state["train_time"], tokens_per_s=state["tokens"] / max(state["train_time"], 1e-9),
-                       best_val_loss=state["best_val_loss"], best_val_step=state["best_val_step"],
-                       ended=datetime.now(timezone.utc).isoformat(timespec="seconds"), **fields)
-        rundir.write_json(run_dir / rundir.SUMMARY, summary)
-
+def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tuple[RunWriter, TrainState, bool]:
+    """The run's writer and where training stands: a new run at step 0, or a resumed one at its checkpoint."""
+    if not resume:
+        init = checkpoint.to_bytes({"emb": s.model.emb.state_dict()})
+        return RunWriter.create(run_dir, files, new_summary(s, run_dir.name), init), TrainState(), False
+    run = RunWriter.open(run_dir)
     try:
-        with StopFlag() as stop, _progress(console) as progress:
-            task = progress.add_task(run_dir.name, total=max_steps, completed=state["step"], loss=float("nan"), tps=0.0)
-            if not resumed:  # a checkpoint at step 0 (stopped before the first step) already has these
-                _log(run_dir, state, {"step": 0, "tokens": 0, "lr": 0.0}, val_subset())
-                record_geometry(0)
+        run.reader.check_corpus(s.corpus.key)
+        if not (run_dir / rundir.CHECKPOINT).is_file():
+            if run.reader.summary().step > 0:  # never replace trained steps with a fresh start
+                raise TiecliError(f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to resume from; "
+                                  "its recorded steps are kept: start a new run with another --name")
+            run.truncate_after(-1)
+            run.rewrite(files)
+            return run, TrainState(), False
+        ckpt = run.reader.checkpoint()
+        checkpoint.load_weights(s.model, ckpt["model"], run_dir.name, "the model weights")
+        try:  # a checkpoint whose optimizer, RNG or loop state is not this run's: one line, not a traceback
+            state = TrainState(**ckpt["state"])
+            s.optimizer.load_state_dict(ckpt["optimizer"])
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            s.sampler.set_state(ckpt["rng"]["sampler"])
+            if s.device.type == "cuda" and "cuda" in ckpt["rng"]:
+                torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            reason = (str(e).strip().splitlines() or [""])[0][:160]
+            raise TiecliError(f"run {run_dir.name}: checkpoint {rundir.CHECKPOINT.name} does not match this run "
+                              f"({type(e).__name__}: {reason})") from None
+        run.truncate_after(state.step)
+        run.rewrite(files)  # config.yaml with what the overrides extend (train.max_steps=...)
+        return run, state, True
+    except BaseException:
+        run.close()
+        raise
+
+
+class StopFlag:
+    """Ctrl-C and SIGTERM (SIGUSR2: a cluster's time limit) ask the loop to stop after the current step.
+
+    After the first Ctrl-C, SIGINT gets its default action back, so a second Ctrl-C ends the process
+    at once, even inside a long native op; the last checkpoint stays valid (it is written atomically)
+    and the run then reads `interrupted`, since its lock is gone.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self) -> "StopFlag":
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, signum, frame) -> None:
+        self.requested = True
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    def check(self) -> None:
+        """Raise Interrupted if a stop was asked for: long evaluations call this between batches."""
+        if self.requested:
+            raise Interrupted("interrupted during the final evaluation; the checkpoint is kept, --resume evaluates again")
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], console: Console | None = None) -> Summary:
+    """Train one run into run_dir and evaluate it; returns its final Summary.
+
+    files: the config.yaml and overrides.yaml texts of a new run directory; with resume, the
+    config.yaml the overrides extended, written once the checkpoint has been found to fit.
+    """
+    console = console or Console(stderr=True)
+    with StopFlag() as stop:
+        s = prepare(config)
+        if stop.requested:
+            raise Interrupted("interrupted before the run started; nothing was written")
+        run, state, resumed = open_run(s, run_dir, resume, files)
+        with run:
+            if resumed:
+                console.print(f"resuming {run_dir.name} from step {state.step}", highlight=False)
+            summary = run.reader.summary()
+            summary.status, summary.error, summary.started = "running", None, now()
+            summary.max_steps = config.max_steps
+            run.summary(summary)
+            try:
+                with TrainProgress(console, run_dir.name, config.max_steps, state.step, config.train.log_interval) as progress:
+                    fit(s, run, state, progress, stop, fresh=not resumed)
+                    stop.check()
+                    final = final_eval(s, state, stop)
+                run.eval(final)
+                return finish(run, summary, state, "completed", final_val=final.brief())
+            except Interrupted as e:
+                finish(run, summary, state, "interrupted", error=str(e))
+                raise
+            except BaseException as e:
+                finish(run, summary, state, "failed", error=f"{type(e).__name__}: {e}".strip())
+                raise
+
+
+def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, stop: StopFlag, fresh: bool) -> None:
+    """The training loop: set lr -> micro-steps -> diagnostics -> clip -> step -> log/eval/checkpoint."""
+    c, t, d = s.config, s.config.train, s.config.diag
+    max_steps, model, optimizer = c.max_steps, s.model, s.optimizer
+    emb0 = checkpoint.load_embeddings(run.path / rundir.INIT_CHECKPOINT, c.model, run.path.name)  # for drift
+    buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
+    loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
+    if fresh:  # a checkpoint at step 0 (stopped before the first step) already has these
+        log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), val_subset(s), progress)
+        record_geometry(s, run, emb0, 0)
+    interval_start, interval_tokens = time.perf_counter(), 0
+    tick = interval_start
+    while state.step < max_steps and not stop.requested:
+        step_start = time.perf_counter()
+        state.wall_time += step_start - tick  # everything between steps too: logging, evaluation, checkpoints
+        tick = step_start
+        lr = lr_at(state.step, t, max_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        diag_now = d.every > 0 and (state.step + 1) % d.every == 0
+        present = micro_steps(s, loss_acc, diag_now)
+        # Before clipping: the statistics describe the raw gradients that tying would sum.
+        diag = diagnostics.interference(*diagnostics.gradient_paths(model.emb), present, buckets_t,
+                                        seed=d.seed, step=state.step) if diag_now else {}
+        model.emb.grads = {}
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.tokens += c.tokens_per_step
+        state.loss_n += 1
+        state.train_time += time.perf_counter() - step_start
+        interval_tokens += c.tokens_per_step
+        progress.advance(state.step)
+
+        at_eval = state.step % t.eval_interval == 0 or state.step == max_steps
+        if state.step % t.log_interval == 0 or at_eval or diag:
+            tps = interval_tokens / (time.perf_counter() - interval_start)
+            row = MetricsRow(step=state.step, tokens=state.tokens, lr=lr, loss=mean_loss(loss_acc, state, run),
+                             grad_norm=grad_norm.item(), tokens_per_s=tps, diag=diag)
+            log(run, state, row, val_subset(s) if at_eval else None, progress)
+            if at_eval:
+                record_geometry(s, run, emb0, state.step)
+            loss_acc.zero_()
+            state.loss_n = 0
             interval_start, interval_tokens = time.perf_counter(), 0
-            while state["step"] < max_steps and not stop.requested:
-                step_start = time.perf_counter()
-                lr = lr_at(state["step"], t, max_steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                diag_now = d.every > 0 and (state["step"] + 1) % d.every == 0
-                model.emb.record_grads, model.emb.grads = diag_now, {}
-                if diag_now:
-                    present = torch.zeros(config.model.vocab_size, dtype=torch.bool, device=device)  # tokens in the inputs
-                for _ in range(t.grad_accum):
-                    x, y = get_batch(corpus.tokens["train"], t.batch_size, config.model.block_size, sampler)
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    if diag_now:
-                        present[x.flatten()] = True
-                    with autocast():
-                        loss = model(x, y) / t.grad_accum
-                    loss.backward()
-                    loss_acc += loss.detach().float()
-                # Before clipping: the statistics describe the raw gradients that tying would sum.
-                diag = diagnostics.interference(*diagnostics.gradient_paths(model.emb), present, buckets_t) if diag_now else {}
-                model.emb.grads = {}
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                state["step"] += 1
-                state["tokens"] += config.tokens_per_step
-                state["loss_n"] += 1
-                state["train_time"] += time.perf_counter() - step_start
-                interval_tokens += config.tokens_per_step
-                progress.advance(task)
-
-                step = state["step"]
-                at_eval = step % t.eval_interval == 0 or step == max_steps
-                if step % t.log_interval == 0 or at_eval or diag:
-                    tps = interval_tokens / (time.perf_counter() - interval_start)
-                    row = {"step": step, "tokens": state["tokens"], "loss": loss_acc.item() / state["loss_n"],
-                           "lr": lr, "grad_norm": grad_norm.item(), "tokens_per_s": tps, **diag}
-                    _log(run_dir, state, row, val_subset() if at_eval else None)
-                    if at_eval:
-                        record_geometry(step)
-                    progress.update(task, loss=row["loss"], tps=tps)
-                    loss_acc.zero_()
-                    state["loss_n"] = 0
-                    interval_start, interval_tokens = time.perf_counter(), 0
-                if step % t.checkpoint_interval == 0 or step == max_steps:
-                    save_checkpoint()
-            if stop.requested and state["step"] < max_steps:
-                save_checkpoint()
-                finish("interrupted")
-                raise Interrupted(f"interrupted at step {state['step']}/{max_steps}; checkpoint saved, continue with --resume")
-            final = evaluate(model, corpus, "val", buckets, device, autocast)
-            final["step"] = state["step"]
-        rundir.record_eval(run_dir, final)
-        finish("completed", final_val=_brief(final))
-        return summary
-    except Interrupted:
-        raise
-    except KeyboardInterrupt:
-        finish("interrupted", error="stopped at once by a second Ctrl-C; --resume continues from the last checkpoint")
-        raise Interrupted(f"stopped at once at step {state['step']}/{max_steps}; --resume continues from the last checkpoint") from None
-    except BaseException as e:
-        finish("failed", error=f"{type(e).__name__}: {e}".strip())
-        raise
+        if state.step % t.checkpoint_interval == 0 or state.step == max_steps:
+            save_checkpoint(s, run, state, loss_acc)
+    if state.step < max_steps:
+        save_checkpoint(s, run, state, loss_acc)
+        raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved, continue with --resume")
 
 
-def _brief(metrics: dict) -> dict:
-    return {k: metrics[k] for k in ("loss", "perplexity", "bits_per_byte", "n_tokens")}
+def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
+    """Forward and backward over grad_accum micro-batches; returns which tokens were inputs (for diagnostics)."""
+    t, model = s.config.train, s.model
+    model.emb.record_grads, model.emb.grads = diag_now, {}
+    present = torch.zeros(s.config.model.vocab_size, dtype=torch.bool, device=s.device) if diag_now else None
+    for _ in range(t.grad_accum):
+        x, y = get_batch(s.corpus.tokens["train"], t.batch_size, s.config.model.block_size, s.sampler)
+        x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
+        if present is not None:
+            present[x.flatten()] = True
+        with s.autocast():
+            loss = model(x, y) / t.grad_accum
+        loss.backward()
+        loss_acc += loss.detach().float()
+    return present
 
 
-def _log(run_dir: Path, state: dict, row: dict, val: dict | None) -> None:
+def mean_loss(loss_acc: torch.Tensor, state: TrainState, run: RunWriter) -> float:
+    """The mean train loss since the last log line; a NaN or infinite one stops the run."""
+    loss = loss_acc.item() / max(1, state.loss_n)
+    if not math.isfinite(loss):
+        kept = run.reader.checkpoint()["state"]["step"] if (run.path / rundir.CHECKPOINT).is_file() else 0
+        raise Diverged(f"the training loss became {loss} by step {state.step}; the checkpoint from step {kept} is kept "
+                       "(try a lower train.lr)")
+    return loss
+
+
+def val_subset(s: Setup) -> dict:
+    t = s.config.train
+    return evaluate(s.model, s.corpus, "val", s.buckets, s.device, s.autocast, limit=t.eval_batches * t.batch_size)
+
+
+def final_eval(s: Setup, state: TrainState, stop: StopFlag) -> EvalResult:
+    metrics = evaluate(s.model, s.corpus, "val", s.buckets, s.device, s.autocast, check=stop.check)
+    return EvalResult(step=state.step, **metrics)
+
+
+def log(run: RunWriter, state: TrainState, row: MetricsRow, val: dict | None, progress: TrainProgress) -> None:
     """Append one metrics.jsonl line; with validation metrics, also track the best val loss."""
     if val is not None:
-        row.update(val_loss=val["loss"], val_ppl=val["perplexity"], val_bpb=val["bits_per_byte"])
-        if state["best_val_loss"] is None or val["loss"] < state["best_val_loss"]:
-            state["best_val_loss"], state["best_val_step"] = val["loss"], row["step"]
-    rundir.append_jsonl(run_dir / rundir.METRICS, row)
+        row.val_loss, row.val_ppl, row.val_bpb = val["loss"], val["perplexity"], val["bits_per_byte"]
+        if state.best_val_loss is None or val["loss"] < state.best_val_loss:
+            state.best_val_loss, state.best_val_step = val["loss"], row.step
+    run.log(row)
+    progress.log(row)
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("step {task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TextColumn("{task.fields[tps]:,.0f} tok/s"),
-        TimeRemainingColumn(),
-        console=console,
-    )
+def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings, step: int) -> None:
+    d = s.config.diag
+    if not d.geometry:
+        return
+    entry = diagnostics.embedding_geometry(s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed)
+    run.geometry(rundir.parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
+    if d.snapshots:
+        run.save(rundir.SNAPSHOTS / f"step_{step}.pt", checkpoint.to_bytes({"emb": s.model.emb.state_dict()}))
+
+
+def save_checkpoint(s: Setup, run: RunWriter, state: TrainState, loss_acc: torch.Tensor) -> None:
+    """last.pt: weights, optimizer, every RNG and the loop's state. Never one from after a NaN loss."""
+    state.loss_sum = loss_acc.item()
+    if not math.isfinite(state.loss_sum):
+        mean_loss(loss_acc, state, run)  # raises Diverged, naming the step and the checkpoint kept
+    rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state()}
+    if s.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state()
+    ckpt = {"model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(), "rng": rng, "state": asdict(state)}
+    run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
+
+
+def finish(run: RunWriter, summary: Summary, state: TrainState, status: str, **fields) -> Summary:
+    """The final summary.json; when even that cannot be written (a full disk), the original error still wins."""
+    summary.wall_time = state.wall_time
+    summary.status, summary.step, summary.tokens = status, state.step, state.tokens
+    summary.train_time, summary.tokens_per_s = state.train_time, state.tokens / max(state.train_time, 1e-9)
+    summary.best_val_loss, summary.best_val_step, summary.ended = state.best_val_loss, state.best_val_step, now()
+    for key, value in fields.items():
+        setattr(summary, key, value)
+    try:
+        run.summary(summary)
+    except OSError:
+        if status == "completed":
+            raise
+    return summary

@@ -1,0 +1,157 @@
+# tiecli report [RUNS_OR_SWEEPS...] [--baseline tying=untied] [--select KEY] [--sesoi KEY=VALUE] [--target-loss X] [--out DIR]
+#   and   tiecli runs [DIR]
+"""From finished run directories to tables, plots and a verdict on each claim of CLAIMS.md.
+
+Reads run directories only through rundir.RunReader (config, overrides, summary, metrics, eval,
+geometry); never imports torch. The steps, one module each:
+  load     which folders are runs; each usable run as a typed `Run`, or the reason it is skipped
+  groups   runs into `Group`s (one setting, several seeds), their labels, --select, the `Baseline`
+  stats    intervals and tests over seeds, comparisons with the baseline, convergence, equal parameters and compute
+  claims   a verdict on each claim, one tying mode against another, Holm-corrected
+  render   tables (terminal, markdown, html) and pages;  tables: the tables behind the claims' rules
+  results  results.csv and results.json;  listing  `tiecli runs`
+
+Every rule is stated once, in stated_rules, and printed in every report and in results.json.
+"""
+
+import dataclasses
+import math
+from pathlib import Path
+
+from tiecli import rundir
+from tiecli.errors import TiecliError
+from tiecli.report import claims, load, render, results, stats, tables
+from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIX, SIZE_KEYS, Baseline, Group, group_runs, select
+from tiecli.report.listing import runs_table
+
+__all__ = ["report", "runs_table"]
+DEFAULT_BASELINE = Baseline("tying", "untied")  # the CLI's default: a selection without untied runs simply has no baseline
+
+
+def default_out(paths: list[Path]) -> Path:
+    """report/ inside the sweep folder when one sweep is given, else ./report."""
+    if len(paths) == 1 and (paths[0] / "sweep.json").is_file():
+        return paths[0] / "report"
+    return Path("report")
+
+
+def check_out(out: Path) -> None:
+    """The output folder must be a folder, or creatable as one: one line, before anything is computed."""
+    for folder in (out, *out.parents):
+        if folder.is_dir():
+            return
+        if folder.exists():
+            raise TiecliError(f"--out {str(out)!r} is a file, not a folder" if folder == out
+                              else f"--out {str(out)!r} cannot be made: {str(folder)!r} is a file")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How the report judges: --select keys, --sesoi values (SESOI_DEFAULTS' units), --target-loss."""
+
+    select: tuple[str, ...] = ()
+    sesoi: tuple[str, ...] = ()
+    target_loss: float | None = None
+
+    def checked(self, axis: Baseline) -> dict[str, float]:
+        """The SESOI values; one line for a bad option, before any run is read."""
+        if self.target_loss is not None and not (math.isfinite(self.target_loss) and self.target_loss > 0):
+            raise TiecliError(f"--target-loss {self.target_loss} must be a positive loss in nats")
+        if any(axis.on_axis(key) for key in self.select):
+            raise TiecliError(f"--select {', '.join(self.select)}: cannot select on the baseline's key {axis.key}")
+        return claims.parse_sesoi(list(self.sesoi))
+
+
+def report(paths: list[Path], baseline: str, out: Path | None, console, options: Options = Options()) -> Path:
+    """Read, group, compare and judge the runs under paths; print the tables and write the report folder."""
+    from tiecli import plots  # matplotlib: loaded by `tiecli report`, not by `tiecli runs`
+
+    axis = Baseline.parse(baseline)
+    sesoi = options.checked(axis)
+    out = out or default_out(paths)
+    check_out(out)
+    runs, skipped = load.load_runs(paths)
+    groups, twins = group_runs(runs)
+    skipped += twins
+    if not groups:
+        where = ", ".join(map(str, paths))
+        raise TiecliError(f"no completed run directories under {where}" + (f" ({len(skipped)} skipped; `tiecli runs` says why)" if skipped else ""))
+    if axis != DEFAULT_BASELINE:
+        axis.check(groups)
+    groups, dropped = select(groups, options.select)
+    axis = dataclasses.replace(axis, free=options.select)
+    comparisons = stats.compare(groups, axis, options.target_loss)
+    prepare(groups, comparisons, axis)
+    equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
+    compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
+    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select)
+    added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
+    specs = render.build_tables(groups, comparisons, equal, claim_rows, skipped, baseline, added)
+    for spec in specs:
+        console.print(render.rich_table(spec))
+
+    rules = stated_rules(baseline, sesoi, options)
+    header = (f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
+              f"baseline {baseline}; sources: {', '.join(map(str, paths))}")
+    images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
+    rows = results.result_rows(groups, comparisons, equal, compute)
+    write(out, {**{name: png for name, png in images.items() if png},
+                "report.md": render.markdown_page(header, rules, specs, images, absent),
+                "report.html": render.html_page(header, rules, specs, images, absent),
+                "results.csv": results.csv_text(rows)},
+          results.results_json(baseline, rules, rows, claim_rows, skipped,
+                               {"sesoi": sesoi, "target_loss": options.target_loss, "select": list(options.select),
+                                "multiple_comparisons": "holm", "not_selected": [dataclasses.asdict(d) for d in dropped]}))
+    console.print(f"report written to {out}")
+    return out
+
+
+def prepare(groups: list[Group], comparisons: list[stats.Comparison], axis: Baseline) -> None:
+    """Each group's convergence target (its pair's; none for a baseline), statistics, figure panel and series."""
+    targets = {c.group.label: c.target for c in comparisons}
+    for g in groups:
+        g.target = targets.get(g.label)
+        g.stats = stats.aggregate(g)
+        g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
+        g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
+
+
+def write(out: Path, files: dict[str, str | bytes], results_json: dict) -> None:
+    try:
+        for name, data in files.items():
+            rundir.atomic_write(out / name, data)
+        rundir.write_json(out / "results.json", results_json)
+    except OSError as e:
+        raise TiecliError(f"cannot write the report to {str(out)!r}: {e.strerror or e}") from None
+
+
+def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> dict[str, str]:
+    """Every rule the numbers follow, printed at the top of report.md and report.html and kept in results.json."""
+    ignored_keys = ", ".join([*IGNORED_KEYS, IGNORED_PREFIX + "*", "train.max_steps when train.max_tokens is set"])
+    margin = claims.margins(sesoi)
+    target = (f"--target-loss {options.target_loss:g} for every pair" if options.target_loss is not None else
+              "per compared pair: the higher of the two groups' best in-training validation losses (each group's best: the highest "
+              "of its runs' lowest, so every run of the pair reaches the target); other groups in the report never move it")
+    return {"grouping": "same resolved config except seed; ignored keys: " + ignored_keys,
+            "selection": (f"--select {' '.join(options.select)}: among groups equal but for these keys, the value with the lowest "
+                          "seed-mean final validation loss is kept, the others are listed as not selected; baselines are matched "
+                          "ignoring these keys, so each group is compared at its own best value") if options.select else "none (--select)",
+            "baseline": f"{baseline}: the group with that value equal in every other key; differences paired by seed",
+            "interval": f"mean +- t({0.5 + stats.CONFIDENCE / 2}, n-1) * sd / sqrt(n) over seeds",
+            "splits": "validation tables and --select: the whole validation split (eval.json val, else summary.json final_val); test "
+                      "table: eval.json test; claims on final loss use test when every run of the pair has it, else val (each row says)",
+            "perplexity differences": "per seed Δloss = loss_group - loss_baseline (log perplexity), t-interval over seeds, shown as "
+                                      "100 (exp(Δloss) - 1) % with the bounds transformed the same way",
+            "convergence target": target + f"; steps interpolated linearly between evaluations; a note when fewer than {stats.MIN_EVALS} "
+                                           "evaluations precede the target",
+            "equal total parameters (smaller body)": "the baseline's loss linear in log(total parameters) between the two bracketing "
+                                                     "baseline sizes, seed by seed: an untied model of equal total has a smaller body and "
+                                                     "fewer FLOPs; n/a outside the baseline's sizes, or non-monotone: the baseline's seed-mean "
+                                                     "loss does not fall across the bracket",
+            "equal compute": "training FLOPs = 6 x (non-embedding parameters + V x C) x tokens (the V x C output head is a matmul "
+                             "tied or not; the input lookup is not); the baseline's loss linear in log FLOPs across its sizes and token "
+                             "budgets, with the same bracket and non-monotone rules",
+            "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values()) + " (--sesoi ppl=, cos=, cka=)",
+            "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
+                                    "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
+            "verdict": claims.VERDICT_RULE, **{f"claim {k}": v for k, v in claims.CLAIM_RULES.items()}}

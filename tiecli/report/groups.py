@@ -1,0 +1,203 @@
+# Used by `tiecli report`: runs into groups (one setting, several seeds), their labels, and the baseline.
+"""Groups of runs equal in every setting but the seed, and the baseline a group is compared with."""
+
+import json
+import statistics
+from dataclasses import dataclass, field
+
+from tiecli.errors import TiecliError
+from tiecli.report.load import Run, Skipped
+
+GROUPS = ("model", "tying", "data", "tokenizer")  # the config groups whose choices name a run
+# Settings that change when and what is measured, not what the model learns.
+IGNORED_KEYS = ("device", "compile", "train.log_interval", "train.eval_interval", "train.eval_batches",
+                "train.checkpoint_interval", "eval.buckets", "eval.test")
+IGNORED_PREFIX = "diag."  # gradient statistics and geometry never touch training's RNG or weights
+SIZE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd")  # what model/*.yaml set: the size ladder
+BUDGET_KEYS = ("train.max_steps", "train.max_tokens")  # the data axis of R5
+
+
+@dataclass
+class Group:
+    """One setting, several seeds. label and parts are set by group_runs; the report fills the rest."""
+
+    setting: dict  # the flattened config less the seed and the ignored keys
+    choices: dict
+    runs: list[Run] = field(default_factory=list)
+    label: str = ""
+    parts: dict[str, str] = field(default_factory=dict)  # label pieces by config group or key
+    target: float | None = None  # convergence target loss
+    stats: dict = field(default_factory=dict)  # per-run number -> stats.Interval over the seeds (or None)
+    panel: str = ""  # the figure panel: the label less the baseline axis
+    series: str = ""  # the figure series: the label less the model size
+
+    @property
+    def mode(self) -> str:
+        return str(self.choices.get("tying"))
+
+    @property
+    def params(self) -> dict[str, int]:
+        return self.runs[0].params
+
+
+def ignored(key: str, setting: dict) -> bool:
+    # With a token budget, train.max_steps is never read: steps = ceil(max_tokens / tokens per step).
+    unused_steps = key == "train.max_steps" and setting.get("train.max_tokens") is not None
+    return key in IGNORED_KEYS or key.startswith(IGNORED_PREFIX) or unused_steps
+
+
+def group_runs(runs: list[Run]) -> tuple[list[Group], list[Skipped]]:
+    """Groups of runs equal in every setting but the seed; a second run of a group's seed is skipped."""
+    groups, skipped = {}, []
+    for run in runs:
+        setting = {k: v for k, v in run.setting.items() if k != "seed" and not ignored(k, run.setting)}
+        group = groups.setdefault(json.dumps(setting, sort_keys=True), Group(setting, run.choices))
+        twin = next((r for r in group.runs if r.seed == run.seed), None)
+        if twin:
+            skipped.append(Skipped(run.path, f"same settings and seed as {twin.path}"))
+        else:
+            group.runs.append(run)
+    for group in groups.values():
+        group.runs.sort(key=lambda r: r.seed)
+    label_groups(list(groups.values()))
+    return sorted(groups.values(), key=lambda g: (g.params["non_embedding"], g.label)), skipped
+
+
+def label_groups(groups: list[Group]) -> None:
+    """Label: the model and tying choices, the other choices that differ between groups, and
+    KEY=VALUE for each differing key that the choices do not explain (e.g. train.max_tokens=...)."""
+    keys = sorted(set().union(*(g.setting for g in groups)))
+    differing = [k for k in keys if len({json.dumps(g.setting.get(k)) for g in groups}) > 1]
+    shown = [c for c in GROUPS if c in ("model", "tying") or len({g.choices.get(c) for g in groups}) > 1]
+
+    def explained(key):  # the value follows from the group choice (model=micro sets model.n_embd)
+        group = key.split(".")[0]
+        if group not in GROUPS:
+            return False
+        by_choice = {}
+        for g in groups:
+            by_choice.setdefault(g.choices.get(group), set()).add(json.dumps(g.setting.get(key)))
+        return all(len(values) == 1 for values in by_choice.values())
+
+    unexplained = [k for k in differing if not explained(k)]
+    for g in groups:
+        g.parts = {c: str(g.choices.get(c)) for c in shown} | {k: f"{k}={g.setting.get(k)}" for k in unexplained}
+        g.label = " ".join(g.parts.values())
+
+
+# --- selection (--select KEY) -------------------------------------------------------------------------
+
+
+@dataclass
+class NotSelected:
+    """A group --select left out: its own values of the selected keys, and the group chosen in its place."""
+
+    group: str
+    values: str  # KEY=VALUE of the selected keys
+    loss: float  # seed-mean final validation loss
+    chosen: str  # KEY=VALUE of the selected group
+    chosen_loss: float
+
+
+def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], list[NotSelected]]:
+    """Among the groups equal in every setting but the selected keys (e.g. one tying mode at one size
+    over a grid of train.lr), keep the one with the lowest seed-mean final validation loss; the others
+    are left out and listed. The kept groups are labelled afresh."""
+    if not keys:
+        return groups, []
+    for key in keys:
+        check_key(key, groups, f"--select {key}")
+    families = {}
+    for g in groups:
+        families.setdefault(json.dumps({k: v for k, v in g.setting.items() if k not in keys}, sort_keys=True), []).append(g)
+    best = {id(min(members, key=mean_loss)): members for members in families.values()}
+    kept = [g for g in groups if id(g) in best]
+    dropped = [NotSelected(g.label, values(g, keys), mean_loss(g), values(chosen, keys), mean_loss(chosen))
+               for chosen in kept for g in best[id(chosen)] if g is not chosen]
+    label_groups(kept)
+    return kept, dropped
+
+
+def mean_loss(group: Group) -> float:
+    return statistics.fmean(r.loss for r in group.runs)
+
+
+def values(group: Group, keys: tuple[str, ...]) -> str:
+    return " ".join(f"{k}={group.setting.get(k)}" for k in keys)
+
+
+def check_key(key: str, groups: list[Group], option: str) -> None:
+    """One line when a setting is not one runs are grouped by: ignored, or absent, naming the keys that differ."""
+    if any(key in g.setting for g in groups):
+        return
+    if any(key in r.setting for g in groups for r in g.runs):
+        raise TiecliError(f"{option}: runs are not grouped by {key} (it does not change what a run learns)")
+    differing = [k for k in sorted(set().union(*(g.setting for g in groups)))
+                 if len({json.dumps(g.setting.get(k)) for g in groups}) > 1]
+    keys = ", ".join(differing[:6]) or "none"
+    raise TiecliError(f"no run has a setting {key!r} ({option}); config groups: {', '.join(GROUPS)}; "
+                      f"keys that differ between the runs: {keys}")
+
+
+# --- the baseline -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """KEY=VALUE: a config group and its choice (tying=untied) or a dotted key and its value (train.lr=0.001).
+    The key is the axis of comparison: a group's baseline equals it in every setting off that axis and
+    off the free keys (those --select chose per group, e.g. train.lr)."""
+
+    key: str
+    value: str
+    free: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> "Baseline":
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise TiecliError(f"--baseline {text!r} must be KEY=VALUE, e.g. tying=untied")
+        return cls(key.strip(), value.strip())
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
+
+    def on_axis(self, key: str) -> bool:
+        """Whether a setting belongs to the axis: the key itself or, for a config group, its keys."""
+        return key == self.key or key.startswith(self.key + ".")
+
+    def actual(self, group: Group):
+        return group.choices.get(self.key) if self.key in GROUPS else group.setting.get(self.key)
+
+    def matches(self, group: Group) -> bool:
+        actual = self.actual(group)
+        if self.key in GROUPS:
+            return str(actual) == self.value
+        return str(actual) == self.value or (isinstance(actual, int | float) and _float(self.value) == actual)
+
+    def rest(self, group: Group, free=()) -> str:
+        """The group's setting off the axis (and off the free keys), as a comparable string."""
+        free = (*self.free, *free)
+        return json.dumps({k: v for k, v in group.setting.items() if not self.on_axis(k) and k not in free}, sort_keys=True)
+
+    def base_of(self, group: Group, groups: list[Group]) -> Group | None:
+        """The baseline group equal to group off the axis; None for a baseline group itself or without one."""
+        if self.matches(group):
+            return None
+        return next((b for b in groups if b is not group and self.matches(b) and self.rest(b) == self.rest(group)), None)
+
+    def check(self, groups: list[Group]) -> None:
+        """One line naming what exists when no group has KEY=VALUE."""
+        if any(self.matches(g) for g in groups):
+            return
+        if self.key in GROUPS or any(self.key in g.setting for g in groups):
+            present = sorted({str(self.actual(g)) for g in groups if self.key in GROUPS or self.key in g.setting})
+            raise TiecliError(f"no run has {self}; {self.key} values present: {', '.join(present)}")
+        check_key(self.key, groups, f"--baseline {self}")
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None

@@ -1,0 +1,183 @@
+# Used by `tiecli report` and `tiecli runs`: which folders are runs, and each usable run as a typed record.
+"""Finding run directories and reading each completed one, through rundir.RunReader, into a `Run`.
+
+A run that cannot be used raises `Skip` with a one-line reason (the run's name left out: the
+report shows it next to the path).
+"""
+
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tiecli import rundir
+from tiecli.errors import TiecliError
+
+PARAM_KEYS = ("input_embedding", "output_matrix", "shared", "positional", "non_embedding", "total")  # summary.json params
+# Diagnostics each run contributes: gradient statistics (metrics.jsonl diag keys) averaged over training,
+# then geometry at the last geometry.json entry: KEY_input and KEY_output of each side, and the agreement
+# (untied modes) at the last entry and, as KEY_init, at the step-0 entry.
+TRAINING_DIAG = ("grad_cos", "grad_cancel", "grad_cos_z", "grad_cos_null_mean", "grad_cos_null_sd", "grad_norm_lost_pct")
+SIDE_DIAG = ("drift", "anisotropy", "effective_rank", "forms_contrast")
+AGREEMENT_DIAG = ("cka", "knn_overlap", "row_cosine", "distance")
+FLOPS_PER_PARAM_TOKEN = 6  # forward and backward: 2 + 4 FLOPs per matmul parameter per token (Kaplan et al. 2020)
+
+
+class Skip(Exception):
+    """A run the report leaves out; the message says why."""
+
+
+@dataclass
+class Skipped:
+    path: str
+    reason: str
+
+
+@dataclass
+class Run:
+    """The numbers the report uses from one completed run directory."""
+
+    name: str
+    path: str
+    seed: int
+    setting: dict  # the resolved config, flattened: {"train.lr": 0.003, ...}
+    choices: dict  # the config group choices: {"model": "micro", "tying": "tied", ...}
+    params: dict[str, int]
+    tokens_per_s: float | None
+    steps: int
+    tokens: int
+    loss: float  # the full validation split
+    perplexity: float
+    bits_per_byte: float
+    test: dict | None  # the full test split (eval.json test: loss, perplexity, bits_per_byte), None when not evaluated
+    gap: tuple[float, float, str] | None  # generalisation gap: (val loss, train loss, where both come from)
+    flops: float | None  # training FLOPs = FLOPS_PER_PARAM_TOKEN * matmul_params * tokens
+    curve: list[tuple[int, int, float]]  # (step, tokens, in-training val loss)
+    grad: list[tuple[int, float]]  # (step, grad_cos)
+    drift: list[tuple[int, float | None, float | None]]  # (step, input drift, output drift; None when tied)
+    spectra: tuple[list[float], list[float]] | None  # singular values (input, output) at the last geometry entry
+    tied_geometry: bool
+    diag: dict[str, float | None]  # TRAINING_DIAG means, then the geometry keys: drift_input, ..., cka, row_cosine
+    # the last geometry entry's related-form pairs: its `pairs` (source, found, skipped_lines) and "used",
+    # the pairs whose tokens occur (forms_n_pairs); None without geometry
+    pairs: dict | None = None
+
+
+# --- which folders are runs -------------------------------------------------------------------------
+
+
+def find_run_dirs(paths: list[Path]) -> list[Path]:
+    """Every run directory at or under the given paths, each once, in path order. Hidden folders
+    (.git, .venv, a run still being created in .NAME.tmp) are not searched."""
+    found = {}
+    for path in paths:
+        if not path.exists():
+            raise TiecliError(f"{str(path)!r} does not exist")
+        for run in [path] if rundir.is_run_dir(path) else _search(path):
+            found.setdefault(run.resolve(), run)
+    return list(found.values())
+
+
+def _search(root: Path) -> list[Path]:
+    candidates = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [s for s in subfolders if not s.startswith(".")]
+        if (rundir.SUMMARY in files or rundir.CONFIG in files) and rundir.is_run_dir(Path(folder)):
+            candidates.append(Path(folder))
+    return sorted(candidates)
+
+
+# --- reading one run --------------------------------------------------------------------------------
+
+
+def reason(error: Exception, name: str) -> str:
+    """A rundir error without its leading "run NAME: " (the report shows the run next to it)."""
+    text = str(error)
+    return text.removeprefix(f"run {name}: ")
+
+
+def load_run(path: Path) -> Run:
+    """One completed run directory as a Run; Skip, with the reason, when it cannot be used."""
+    reader = rundir.RunReader(path)
+    try:
+        config, choices, summary = reader.config(), reader.overrides()["choices"], reader.summary()
+        status = reader.status()
+        if status != "completed":
+            error = str(summary.error or "").strip().splitlines()
+            raise Skip(f"status {status}" + (f": {error[-1][:120]}" if error else ""))
+        if not (path / rundir.METRICS).is_file():
+            raise Skip(f"{rundir.METRICS} does not exist")
+        metrics, entries, evals, final = reader.metrics(), reader.geometry(), reader.evals(), reader.final_val()
+    except rundir.FormatError as e:
+        raise Skip(reason(e, reader.name)) from None
+    if not final:
+        raise Skip("no final validation metrics (eval.json val or summary.json final_val)")
+    try:
+        setting = rundir.flatten(config)
+        return Run(
+            name=path.name, path=str(path), seed=config["seed"], setting=setting, choices=choices,
+            params={k: summary.params[k] for k in PARAM_KEYS}, tokens_per_s=summary.tokens_per_s,
+            steps=summary.step, tokens=summary.tokens,
+            loss=final["loss"], perplexity=final["perplexity"], bits_per_byte=final["bits_per_byte"],
+            test=evals["test"].brief() if "test" in evals else None, gap=generalisation_gap(evals, metrics),
+            flops=training_flops(setting, summary.params["non_embedding"], summary.tokens),
+            curve=[(r.step, r.tokens, r.val_loss) for r in metrics if r.val_loss is not None],
+            grad=[(r.step, r.diag["grad_cos"]) for r in metrics if _number(r.diag.get("grad_cos"))],
+            drift=[(e.step, e.input.get("drift"), None if e.tied else e.output.get("drift")) for e in entries],
+            spectra=(entries[-1].input["singular_values"], entries[-1].output["singular_values"]) if entries else None,
+            tied_geometry=bool(entries) and entries[-1].tied,
+            diag=diagnostics(metrics, entries),
+            pairs={**entries[-1].pairs, "used": entries[-1].input.get("forms_n_pairs")} if entries else None,
+        )
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
+        raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None
+
+
+def generalisation_gap(evals: dict[str, rundir.EvalResult], metrics: list[rundir.MetricsRow]) -> tuple[float, float, str] | None:
+    """(val loss, train loss, source): eval.json's whole-split val and train when both exist, else the
+    last metrics.jsonl row with both val_loss and train_eval_loss (the in-training fixed windows)."""
+    if "train" in evals and "val" in evals:
+        return evals["val"].loss, evals["train"].loss, "eval.json"
+    row = next((r for r in reversed(metrics) if r.val_loss is not None and r.train_eval_loss is not None), None)
+    return (row.val_loss, row.train_eval_loss, f"metrics.jsonl step {row.step}") if row else None
+
+
+def training_flops(setting: dict, non_embedding: int, tokens: int) -> float | None:
+    """FLOPS_PER_PARAM_TOKEN * (non-embedding parameters + V * C) * tokens: the output head is a V x C
+    matmul whether tied or not; the input embedding is a lookup, no matmul. None without V or C."""
+    vocab, width = setting.get("tokenizer.vocab_size"), setting.get("model.n_embd")
+    if not (_number(vocab) and _number(width)):
+        return None
+    return float(FLOPS_PER_PARAM_TOKEN * (non_embedding + vocab * width) * tokens)
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def diagnostics(metrics: list[rundir.MetricsRow], entries: list[rundir.GeometryEntry]) -> dict[str, float | None]:
+    """Per-run diagnostic summary: each TRAINING_DIAG key's mean over the logged steps that have it,
+    the geometry at the last entry, and the agreement at the step-0 entry as KEY_init (None where not measured)."""
+    out = {}
+    for key in TRAINING_DIAG:
+        values = [r.diag[key] for r in metrics if _number(r.diag.get(key))]
+        out[key] = statistics.fmean(values) if values else None
+    last = entries[-1] if entries else None
+    for side in ("input", "output"):
+        measured = getattr(last, side) if last else {}
+        out |= {f"{key}_{side}": measured.get(key) for key in SIDE_DIAG}
+    agreement = (last.agreement if last else None) or {}
+    start = (entries[0].agreement if entries and entries[0].step == 0 else None) or {}
+    return out | {key: agreement.get(key) for key in AGREEMENT_DIAG} | {f"{key}_init": start.get(key) for key in AGREEMENT_DIAG}
+
+
+def load_runs(paths: list[Path]) -> tuple[list[Run], list[Skipped]]:
+    runs, skipped = [], []
+    for path in find_run_dirs(paths):
+        try:
+            runs.append(load_run(path))
+        except Skip as e:
+            skipped.append(Skipped(str(path), str(e)))
+    return runs, skipped

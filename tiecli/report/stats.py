@@ -1,0 +1,315 @@
+# Used by `tiecli report`: every number over seeds, against the baseline, at equal parameters and equal compute.
+"""Statistics over seeds: intervals and tests, paired differences, convergence, and the interpolated
+baseline of the equal-parameter and equal-compute views.
+
+Perplexity is compared through its logarithm, the loss: per seed Δloss = loss_group - loss_base, a
+t-interval over seeds, then the % change in perplexity 100 (exp(Δloss) - 1) with its bounds
+transformed the same way (so a bound never falls below -100%)."""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group
+from tiecli.report.load import Run
+
+CONFIDENCE = 0.95
+ALPHA = 1 - CONFIDENCE  # the family-wise error rate of the Holm-adjusted tests
+METRICS = ("loss", "perplexity", "bits_per_byte", "tokens_per_s")  # per-run numbers of every Run
+MIN_EVALS = 8  # fewer evaluations than this before the convergence target: the crossing is poorly resolved
+
+
+@dataclass
+class Interval:
+    """Mean over seeds with sample sd and 95% interval (sd, low, high None with one value)."""
+
+    n: int
+    mean: float
+    sd: float | None
+    low: float | None
+    high: float | None
+
+
+def mean_ci(values) -> Interval | None:
+    """Mean, sample sd and 95% t-interval over seeds (None fields with one value; None with none)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    n, mean = len(values), statistics.fmean(values)
+    if n < 2:
+        return Interval(1, mean, None, None, None)
+    sd = statistics.stdev(values)
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1) * sd / math.sqrt(n)
+    return Interval(n, mean, sd, mean - half, mean + half)
+
+
+def _t(mean: float, null: float, se: float) -> float:
+    """The t statistic; with zero spread (identical values) +-inf, or 0 when the mean is the null."""
+    if se > 0:
+        return (mean - null) / se
+    return math.copysign(math.inf, mean - null) if mean != null else 0.0
+
+
+def t_tests(values, sesoi: float | None) -> tuple[float | None, float | None]:
+    """(p, p_equiv) of the mean over seeds: p, the two-sided one-sample t-test against 0; p_equiv, two
+    one-sided t-tests against -sesoi and +sesoi, p_equiv = min(1, 2 max(p_low, p_high)), which is below
+    0.05 exactly when the 95% interval lies inside +-sesoi. None with fewer than two values (or no sesoi)."""
+    values = [v for v in values if v is not None]
+    if len(values) < 2:
+        return None, None
+    df, mean, se = len(values) - 1, statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
+    p = float(2 * stats.t.sf(abs(_t(mean, 0.0, se)), df))
+    if not sesoi:
+        return p, None
+    low_side, high_side = stats.t.sf(_t(mean, -sesoi, se), df), stats.t.cdf(_t(mean, sesoi, se), df)
+    return p, float(min(1.0, 2 * max(low_side, high_side)))
+
+
+def slope(points: list[tuple[float, float]]) -> tuple[Interval | None, float | None]:
+    """Least-squares slope of y on x with its 95% t-interval (n - 2 degrees of freedom) and the
+    two-sided p-value of slope = 0."""
+    if len(points) < 3 or len({x for x, _ in points}) < 2:
+        return None, None
+    fit = stats.linregress(*zip(*points))
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, len(points) - 2) * fit.stderr
+    return Interval(len(points), fit.slope, None, fit.slope - half, fit.slope + half), float(fit.pvalue)
+
+
+def holm(p: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values: the k-th smallest of m gets max over j <= k of (m - j + 1) p_(j), at most 1."""
+    adjusted, running = [1.0] * len(p), 0.0
+    for rank, i in enumerate(sorted(range(len(p)), key=p.__getitem__)):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def ppl_change(loss: Interval | None) -> Interval | None:
+    """A Δloss interval as % change in perplexity, 100 (exp(x) - 1), every bound transformed the same way."""
+    if loss is None:
+        return None
+
+    def pct(x):
+        return None if x is None else 100 * math.expm1(x)
+
+    return Interval(loss.n, pct(loss.mean), None, pct(loss.low), pct(loss.high))
+
+
+def ci_text(ci: Interval | None, digits: int = 3, unit: str = "") -> str:
+    if ci is None:
+        return "-"
+    if ci.low is None:
+        return f"{ci.mean:.{digits}g}{unit} (1 seed)"
+    return f"{ci.mean:.{digits}g}{unit} [{ci.low:.{digits}g}, {ci.high:.{digits}g}]"
+
+
+def paired(group: Group, base: Group, value, base_value=None) -> list[tuple]:
+    """(value in group, value in base) per seed that both have and both measured; base_value, when
+    given, reads the base's runs (e.g. the untied output matrix against the tied shared matrix)."""
+    by_seed = {r.seed: (base_value or value)(r) for r in base.runs}
+    pairs = [(value(r), by_seed[r.seed]) for r in group.runs if r.seed in by_seed]
+    return [(a, b) for a, b in pairs if a is not None and b is not None]
+
+
+def percent(pairs) -> Interval | None:
+    return mean_ci([100 * (a / b - 1) for a, b in pairs if b])
+
+
+def embedding_share(params: dict) -> float:
+    """Token embedding and output matrices (not positions) as a share of all parameters."""
+    return (params["input_embedding"] + params["output_matrix"] + params["shared"]) / params["total"]
+
+
+def final_loss(run: Run, split: str) -> float | None:
+    """The run's loss on the whole val or test split (None when it has no test evaluation)."""
+    return run.loss if split == "val" else (run.test or {}).get("loss")
+
+
+def gap(run: Run) -> float | None:
+    """Generalisation gap: val loss - train loss (load.generalisation_gap says from where)."""
+    return run.gap[0] - run.gap[1] if run.gap else None
+
+
+def run_values(run: Run) -> dict[str, float | None]:
+    """The per-run numbers beyond METRICS and the diagnostics: test split, generalisation gap, FLOPs."""
+    test = run.test or {}
+    return {"test_loss": test.get("loss"), "test_perplexity": test.get("perplexity"), "test_bits_per_byte": test.get("bits_per_byte"),
+            "train_loss": run.gap[1] if run.gap else None, "gap": gap(run), "flops": run.flops}
+
+
+# --- convergence ------------------------------------------------------------------------------------
+
+
+def target_loss(runs: list[Run]) -> float | None:
+    """The highest of the runs' lowest validation losses: every run's curve reaches it."""
+    lows = [min(loss for _, _, loss in r.curve) for r in runs if r.curve]
+    return max(lows) if lows else None
+
+
+def time_to(curve: list[tuple], target: float) -> tuple[float, float, int] | None:
+    """(steps, tokens, evaluations before) where the val-loss curve first reaches target, linear
+    between evaluations; evaluations before: those above the target ahead of the first at or below it."""
+    previous = None
+    for i, (step, tokens, loss) in enumerate(curve):
+        if loss <= target:
+            if previous is None:
+                return step, tokens, i
+            step0, tokens0, loss0 = previous
+            f = (loss0 - target) / (loss0 - loss)
+            return step0 + f * (step - step0), tokens0 + f * (tokens - tokens0), i
+        previous = (step, tokens, loss)
+    return None
+
+
+def reach(run: Run, target: float | None) -> tuple:
+    """(steps, tokens, evaluations before) to the target, Nones when there is none or the run never gets there."""
+    return (time_to(run.curve, target) if target is not None else None) or (None, None, None)
+
+
+def aggregate(group: Group) -> dict[str, Interval | None]:
+    """mean_ci over the group's seeds of every per-run number the tables show (steps to group.target)."""
+    out = {m: mean_ci(getattr(r, m) for r in group.runs) for m in METRICS}
+    out |= {key: mean_ci(r.diag.get(key) for r in group.runs) for key in group.runs[0].diag}
+    out |= {key: mean_ci(run_values(r)[key] for r in group.runs) for key in run_values(group.runs[0])}
+    out["steps_to_target"] = mean_ci(reach(r, group.target)[0] for r in group.runs)
+    out["tokens_to_target"] = mean_ci(reach(r, group.target)[1] for r in group.runs)
+    return out
+
+
+# --- against the baseline -----------------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    """A group against its baseline at equal architecture, paired by seed. target: the convergence
+    target of this pair alone (the higher of the two groups' best losses), or the user's."""
+
+    group: Group
+    base: Group
+    target: float | None
+    saved_params: int = field(init=False)
+
+    def __post_init__(self):
+        self.saved_params = self.base.params["total"] - self.group.params["total"]
+
+    def delta(self, value) -> list[float]:
+        """value(group run) - value(base run), per seed both have."""
+        return [a - b for a, b in paired(self.group, self.base, value)]
+
+    def delta_loss(self, split: str = "val") -> list[float]:
+        return self.delta(lambda r: final_loss(r, split))
+
+    @property
+    def loss(self) -> Interval | None:  # Δloss in nats, full validation split
+        return mean_ci(self.delta_loss())
+
+    @property
+    def perplexity(self) -> Interval | None:  # % change in perplexity, from the Δloss interval
+        return ppl_change(self.loss)
+
+    @property
+    def test_perplexity(self) -> Interval | None:
+        return ppl_change(mean_ci(self.delta_loss("test")))
+
+    @property
+    def split(self) -> str:
+        """The split final numbers are judged on: test when every run of both groups has it, else val."""
+        return "test" if all(r.test for r in self.group.runs + self.base.runs) else "val"
+
+    def steps_pairs(self) -> list[tuple]:
+        return paired(self.group, self.base, lambda r: reach(r, self.target)[0])
+
+    @property
+    def steps(self) -> Interval | None:  # % difference in steps to the target
+        return percent(self.steps_pairs())
+
+    def note(self) -> str:
+        """A warning when the target is poorly resolved or not reached by every run."""
+        runs = self.group.runs + self.base.runs
+        before = [reach(r, self.target)[2] for r in runs]
+        notes = [f"{before.count(None)} of {len(runs)} runs never reach the target"] if None in before else []
+        reached = [b for b in before if b is not None]
+        if reached and min(reached) < MIN_EVALS:
+            notes.append(f"only {min(reached)} evaluations before the target (< {MIN_EVALS}): coarse")
+        return "; ".join(notes)
+
+
+def compare(groups: list[Group], baseline: Baseline, target: float | None = None) -> list[Comparison]:
+    """Each non-baseline group against its baseline at equal architecture, paired by seed; the
+    convergence target per pair, or `target` (--target-loss) for every pair."""
+    comparisons = []
+    for g in groups:
+        base = baseline.base_of(g, groups)
+        if base is not None:
+            comparisons.append(Comparison(g, base, target if target is not None else target_loss(g.runs + base.runs)))
+    return comparisons
+
+
+# --- the interpolated baseline: equal total parameters, equal compute ---------------------------------
+
+
+@dataclass
+class EqualParams:
+    """A group against the baseline interpolated at its total parameters (or training FLOPs); why: the reason when n/a."""
+
+    why: str | None = None
+    between: tuple[str, ...] | None = None
+    base_perplexity: Interval | None = None
+    dloss: list[float] = field(default_factory=list)  # per seed: loss - interpolated baseline loss
+
+    @property
+    def loss(self) -> Interval | None:
+        return mean_ci(self.dloss)
+
+    @property
+    def perplexity(self) -> Interval | None:  # % change in perplexity
+        return ppl_change(self.loss)
+
+    def note(self) -> str | None:
+        return " and ".join(self.between) if self.between else self.why
+
+
+def equal_params(g: Group, groups: list[Group], baseline: Baseline) -> EqualParams:
+    """g against the baseline at g's total parameter count, across the baseline's sizes."""
+    ladder = [b for b in groups if baseline.matches(b) and baseline.rest(b, SIZE_KEYS) == baseline.rest(g, SIZE_KEYS)]
+    return interpolate(g, ladder, lambda x: x.params["total"], "parameters")
+
+
+def equal_compute(g: Group, groups: list[Group], baseline: Baseline) -> EqualParams:
+    """g against the baseline at g's training FLOPs, across the baseline's sizes and token budgets."""
+    free = SIZE_KEYS + BUDGET_KEYS
+    ladder = [b for b in groups if baseline.matches(b) and baseline.rest(b, free) == baseline.rest(g, free)]
+    if g.runs[0].flops is None or any(b.runs[0].flops is None for b in ladder):
+        return EqualParams(why="no FLOPs: tokenizer.vocab_size or model.n_embd missing")
+    return interpolate(g, ladder, lambda x: statistics.fmean(r.flops for r in x.runs), "FLOPs")
+
+
+def interpolate(g: Group, ladder: list[Group], x_of, unit: str) -> EqualParams:
+    """The baseline's loss at x_of(g), seed by seed, linear in log x between the two ladder groups
+    that bracket it (the group itself when one sits exactly there); n/a outside the ladder, with one
+    point, or when the ladder's seed-mean loss does not fall from the lower to the upper point."""
+    ladder = sorted(ladder, key=x_of)
+    xs, x = [x_of(b) for b in ladder], x_of(g)
+    if x in xs:
+        ladder = [ladder[xs.index(x)]] * 2
+    elif len(ladder) < 2:
+        return EqualParams(why="baseline at one size only")
+    elif not xs[0] < x < xs[-1]:
+        return EqualParams(why=f"outside the baseline's {xs[0]:,.4g}-{xs[-1]:,.4g} {unit}")
+    else:
+        i = int(np.searchsorted(xs, x))
+        ladder = ladder[i - 1:i + 1]
+        if statistics.fmean(r.loss for r in ladder[1].runs) >= statistics.fmean(r.loss for r in ladder[0].runs):
+            return EqualParams(why="n/a: non-monotone (the baseline's loss does not fall across the bracket)")
+    low, high = ({r.seed: r.loss for r in b.runs} for b in ladder)
+    logs = [math.log(x_of(b)) for b in ladder]
+    w = 0.0 if logs[0] == logs[1] else (math.log(x) - logs[0]) / (logs[1] - logs[0])
+    base = {s: low[s] + w * (high[s] - low[s]) for s in low if s in high}
+    pairs = [(r.loss, base[r.seed]) for r in g.runs if r.seed in base]
+    if not pairs:
+        return EqualParams(why="no seed in common with the bracketing baseline groups")
+    return EqualParams(between=tuple(dict.fromkeys(b.label for b in ladder)),
+                       base_perplexity=mean_ci(math.exp(b) for _, b in pairs), dloss=[a - b for a, b in pairs])
