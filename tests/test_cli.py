@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,9 +11,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 from typer.testing import CliRunner
 
-from conftest import TINY
 from tiecli import rundir
 from tiecli.cli import app
 
@@ -38,24 +39,32 @@ def test_help_says_what_and_gives_an_example():
 
 
 def test_train_then_eval_then_refuse_the_same_name(isolated):
-    result = tiecli("train", *TINY, "--name", "first")
+    result = tiecli("train", *TINY, "--name", "ablation/first")  # / nests a run in a folder
     assert result.exit_code == 0, result.output
-    run = isolated / "runs" / "first"
+    run = isolated / "runs" / "ablation" / "first"
     assert "completed" in result.output and "val perplexity" in result.output
     for name in (rundir.CONFIG, rundir.OVERRIDES, rundir.METRICS, rundir.SUMMARY, rundir.EVAL, rundir.CHECKPOINT):
         assert (run / name).is_file(), name
     assert "tokenizer=bytes" in (run / rundir.OVERRIDES).read_text()
     assert "n_embd: 64" in (run / rundir.CONFIG).read_text()
 
-    result = tiecli("eval", run, "--split", "test")
+    trained = rundir.RunReader(run).evals()
+    assert set(trained) == {"val", "train", "test"}  # tiecli train: validation, training and (eval.test) test splits
+    result = tiecli("eval", run, "--split", "train")
     assert result.exit_code == 0, result.output
     evals = rundir.RunReader(run).evals()
-    assert set(evals) == {"val", "test"} and evals["test"].n_tokens > 0
-    assert f"{evals['test'].perplexity:.2f}" in result.output
+    assert evals["train"].n_tokens == trained["train"].n_tokens and evals["train"].loss == pytest.approx(
+        trained["train"].loss
+    )
+    assert f"{evals['train'].perplexity:.2f}" in result.output and "train at step 12" in result.output
 
-    one_line_error(tiecli("train", *TINY, "--name", "first"), 1, "already exists")
-    one_line_error(tiecli("train", *TINY, "train.lr=1e-3", "--name", "first", "--resume"), 2, "train.lr was 0.003 in this run")
-    result = tiecli("train", *TINY, "--name", "first", "--resume")  # already complete: nothing left to do
+    one_line_error(tiecli("train", *TINY, "--name", "ablation/first"), 1, "already exists")
+    one_line_error(
+        tiecli("train", *TINY, "train.lr=1e-3", "--name", "ablation/first", "--resume"),
+        2,
+        "train.lr was 0.003 in this run",
+    )
+    result = tiecli("train", *TINY, "--name", "ablation/first", "--resume")  # already complete: nothing left to do
     assert result.exit_code == 0 and "already complete (step 12)" in result.output
     assert rundir.RunReader(run).summary().step == 12
 
@@ -64,13 +73,18 @@ def test_default_name_comes_from_the_choices_and_seed(isolated):
     result = tiecli("train", *TINY, "tying=untied", "seed=3", "--runs-dir", "elsewhere")
     assert result.exit_code == 0, result.output
     (run,) = (isolated / "elsewhere").iterdir()
-    assert run.name.startswith("nano-untied-bytes-shakespeare-s3,")
+    assert re.fullmatch(
+        r"nano-untied-bytes-shakespeare-s3-[0-9a-f]{8}", run.name
+    )  # the hash stands for TINY's train.* overrides
 
 
 @pytest.mark.parametrize(
     "args, text",
     [
-        (["tying=glued"], "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init"),
+        (
+            ["tying=glued"],
+            "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init",
+        ),
         (["train.lrr=0.1"], "unknown config key 'train.lrr'"),
         (["model=nano,micro"], "is a sweep"),
         (["data=textfile"], "data.path is required"),
@@ -83,20 +97,30 @@ def test_bad_overrides_exit_2_and_leave_nothing(isolated, args, text):
 
 
 def test_bad_data_and_names_exit_1_and_leave_nothing(isolated):
-    one_line_error(tiecli("train", *TINY, "data=textfile", "data.path=nowhere.txt"), 1, "data.path 'nowhere.txt' does not exist")
+    one_line_error(
+        tiecli("train", *TINY, "data=textfile", "data.path=nowhere.txt"), 1, "data.path 'nowhere.txt' does not exist"
+    )
     Path("latin1.txt").write_bytes(b"na\xefve text\n" * 100)
     one_line_error(tiecli("train", *TINY, "data=textfile", "data.path=latin1.txt"), 1, "is not UTF-8 text")
     one_line_error(tiecli("train", *TINY, "--name", "../escape"), 1, "would leave the runs directory")
     one_line_error(tiecli("train", *TINY, "--name", "/tmp/abs"), 1, "must be a non-empty relative name")
+    for bad in ("lr=1e-3,seed=1", "my run", "a*b", "x(1)"):
+        one_line_error(
+            tiecli("train", *TINY, "--name", bad),
+            1,
+            "a run name may hold only A-Z a-z 0-9 . _ - (and / to nest it in a folder)",
+        )
     assert not (isolated / "runs").exists()
 
 
 def test_eval_of_something_that_is_not_a_run(isolated):
     one_line_error(tiecli("eval", isolated), 1, "is not a run directory")
-    result = tiecli("eval", isolated, "--split", "train")
+    result = tiecli("eval", isolated, "--split", "dev")
     assert result.exit_code == 2
     last = result.output.strip().splitlines()[-1]
-    assert last.startswith("Error: Invalid value for '--split'") and "'train' is not one of 'val', 'test'" in last
+    assert (
+        last.startswith("Error: Invalid value for '--split'") and "'dev' is not one of 'val', 'test', 'train'" in last
+    )
 
 
 def test_corrupt_checkpoint_gives_a_clear_error(isolated):
@@ -115,8 +139,15 @@ def test_info_prints_the_published_gpt2_count():
 
 
 def run_tiecli(*args, cwd, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "tiecli", *args], cwd=cwd, env={**os.environ, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tiecli", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
@@ -124,7 +155,9 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
     proc = run_tiecli("train", *args, cwd=isolated)
     metrics = isolated / "runs" / "long" / rundir.METRICS
     deadline = time.time() + 120
-    while (not metrics.exists() or metrics.read_text().count("\n") < 4) and time.time() < deadline and proc.poll() is None:
+    while (
+        (not metrics.exists() or metrics.read_text().count("\n") < 4) and time.time() < deadline and proc.poll() is None
+    ):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -138,8 +171,22 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
 
 
 def test_the_wheel_carries_conf_and_corpus_and_runs_from_anywhere(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path / "dist", ROOT],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            tmp_path / "dist",
+            ROOT,
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = (tmp_path / "dist").glob("tiecli-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     conf = sorted(p.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").rglob("*") if p.is_file())
@@ -153,6 +200,12 @@ def test_the_wheel_carries_conf_and_corpus_and_runs_from_anywhere(tmp_path):
     assert proc.returncode == 0, err
     assert json.loads(out)["config"]["model"]["n_layer"] == 2
     probe = "import tiecli.config as c; print(c.default_config_dir())"
-    where = subprocess.run([sys.executable, "-c", probe], cwd=elsewhere, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=elsewhere,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert where == str(tmp_path / "site" / "tiecli" / "conf")

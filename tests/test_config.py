@@ -1,11 +1,12 @@
 import dataclasses
+import re
 
 import pytest
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 from tiecli import config
-from tiecli.errors import ConfigError
+from tiecli.errors import ConfigError, TiecliError
 
 
 def test_defaults_compose_to_dataclasses():
@@ -18,7 +19,9 @@ def test_defaults_compose_to_dataclasses():
 
 
 def test_overrides_reach_the_dataclasses():
-    cfg, choices = config.compose(["tying=partial", "tying.shared_fraction=0.25", "model=gpt2", "tokenizer=gpt2", "train.lr=1e-3", "seed=7"])
+    cfg, choices = config.compose(
+        ["tying=partial", "tying.shared_fraction=0.25", "model=gpt2", "tokenizer=gpt2", "train.lr=1e-3", "seed=7"]
+    )
     c = config.to_config(cfg)
     assert choices["tying"] == "partial" and c.model.shared_fraction == 0.25
     assert (c.model.block_size, c.model.vocab_size, c.train.lr, c.seed) == (1024, 50257, 1e-3, 7)
@@ -33,7 +36,10 @@ def test_token_budget_sets_steps():
 @pytest.mark.parametrize(
     "override, message",
     [
-        (["tying=glued"], "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init"),
+        (
+            ["tying=glued"],
+            "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init",
+        ),
         (["model=huge"], "unknown model 'huge'; valid choices: gpt2, medium, micro, nano, small, tiny"),
         (["train.lrr=1"], "unknown config key 'train.lrr'; valid keys under 'train': batch_size"),
         (["tying=untied", "tying.rank=4"], "unknown config key 'tying.rank'; valid keys under 'tying': mode"),
@@ -79,10 +85,21 @@ def test_bad_values_are_refused_in_one_line(override, message):
 
 
 def test_the_dataclasses_have_no_defaults_conf_has_them():
-    for cls in (config.TrainConfig, config.DataConfig, config.TokenizerConfig, config.EvalConfig, config.DiagConfig,
-                config.Settings, config.ModelShape, config.Composed, config.Config):
+    for cls in (
+        config.TrainConfig,
+        config.DataConfig,
+        config.TokenizerConfig,
+        config.EvalConfig,
+        config.DiagConfig,
+        config.Settings,
+        config.ModelShape,
+        config.Composed,
+        config.Config,
+    ):
         fields = dataclasses.fields(cls)
-        assert [f.name for f in fields if (f.default, f.default_factory) != (dataclasses.MISSING,) * 2] == [], cls.__name__
+        assert [f.name for f in fields if (f.default, f.default_factory) != (dataclasses.MISSING,) * 2] == [], (
+            cls.__name__
+        )
     sizes = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"}
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(config.GPTConfig) if f.name in sizes)
 
@@ -100,7 +117,10 @@ def test_the_dataclasses_have_no_defaults_conf_has_them():
         (["train.beta1=2"], "train.beta1=2.0 is not in [0, 1)"),
         (["train.beta1=1"], "train.beta1=1.0 is not in [0, 1)"),
         (["train.beta2=-1"], "train.beta2=-1.0 is not in [0, 1)"),
-        (["seed=99999999999999999999999"], "seed=99999999999999999999999 is not valid; a seed is an integer in [0, 2**63)"),
+        (
+            ["seed=99999999999999999999999"],
+            "seed=99999999999999999999999 is not valid; a seed is an integer in [0, 2**63)",
+        ),
         (["seed=-1"], "seed=-1 is not valid; a seed is an integer in [0, 2**63)"),
         (["diag.seed=-1"], "diag.seed=-1 is not valid"),
         (["seed=1.5"], "seed=1.5 has the wrong type; expected int"),
@@ -108,10 +128,16 @@ def test_the_dataclasses_have_no_defaults_conf_has_them():
         (["train.lr=${data.name}"], "train.lr='${data.name}' (= 'shakespeare') has the wrong type; expected float"),
         (["train.max_tokens=abc"], "train.max_tokens='abc' has the wrong type; expected int or null"),
         (["eval.buckets=5"], "eval.buckets=5 has the wrong type; expected a list of float"),
-        (["model=nano", "model=micro"], "'model' is given twice on the command line ('model=nano' and 'model=micro'); give it once"),
+        (
+            ["model=nano", "model=micro"],
+            "'model' is given twice on the command line ('model=nano' and 'model=micro'); give it once",
+        ),
         (["train.lr=1", "train.lr=2"], "'train.lr' is given twice on the command line ('train.lr=1' and 'train.lr=2')"),
         (["model.n_head=0"], "n_head=0 must be at least 1"),
-        (["trainn.lr=1"], "unknown config key 'trainn'; valid keys at the top level: compile, data, device, diag, dtype, eval, model,"),
+        (
+            ["trainn.lr=1"],
+            "unknown config key 'trainn'; valid keys at the top level: compile, data, device, diag, dtype, eval, model,",
+        ),
         (["seed.value=1"], "unknown config key 'seed.value': 'seed' is a single value, not a group of keys"),
     ],
 )
@@ -123,7 +149,9 @@ def test_new_checks_refuse_in_one_line(override, message):
 
 
 def test_compose_refuses_an_interpolation_that_cannot_resolve():
-    with pytest.raises(ConfigError, match=r"^seed='\$\{oops\}' cannot be resolved: Interpolation key 'oops' not found$"):
+    with pytest.raises(
+        ConfigError, match=r"^seed='\$\{oops\}' cannot be resolved: Interpolation key 'oops' not found$"
+    ):
         config.compose(["seed=${oops}"])  # before run_name and to_yaml, which resolve it
 
 
@@ -142,8 +170,10 @@ def test_a_tied_model_narrower_than_the_hybrid_rank_is_fine():
 def test_a_stored_config_is_checked_against_the_schema_too():
     cfg = config.compose([])[0]
     OmegaConf.set_struct(cfg, False)  # as a config.yaml read back from a run directory
-    for key, message in [("train.foo", "unknown config key 'train.foo'; valid keys under 'train': batch_size, beta1"),
-                         ("foo", "unknown config key 'foo'; valid keys at the top level: compile, data")]:
+    for key, message in [
+        ("train.foo", "unknown config key 'train.foo'; valid keys under 'train': batch_size, beta1"),
+        ("foo", "unknown config key 'foo'; valid keys at the top level: compile, data"),
+    ]:
         bad = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}=1"]))
         with pytest.raises(ConfigError, match=message):
             config.to_config(bad)
@@ -159,7 +189,19 @@ def test_check_unique_names_both_overrides():
 
 
 @pytest.mark.parametrize("command", ["train", "info"])
-@pytest.mark.parametrize("override", ["train.lr=inf", "train.beta1=2", "seed=-1", "train.lr=${oops}", "model=nano model=micro"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.lr=inf",
+        "train.beta1=2",
+        "seed=-1",
+        "train.lr=${oops}",
+        "model=nano model=micro",
+        "train.evals=0",
+        "train.warmup_fraction=2",
+        "diag.max_snapshots=0",
+    ],
+)
 def test_the_cli_exits_2_with_one_line_and_no_run(isolated, command, override):
     # Imported here, so the rest of this file does not depend on the CLI module.
     from tiecli.cli import app
@@ -170,19 +212,122 @@ def test_the_cli_exits_2_with_one_line_and_no_run(isolated, command, override):
     assert not (isolated / "runs").exists()
 
 
-def test_run_name_is_readable_and_distinguishes_settings():
-    def name(*overrides):
-        cfg, choices = config.compose(list(overrides))
-        return config.run_name(choices, cfg, list(overrides))
+def run_name(*overrides, config_dir=None):
+    cfg, choices = config.compose(list(overrides), config_dir)
+    return config.run_name(choices, cfg, list(overrides))
 
-    assert name() == "micro-tied-bpe4096-shakespeare-s0"
-    assert name("tying=untied", "seed=2", "tokenizer.vocab_size=8192") == "micro-untied-bpe8192-shakespeare-s2"
-    assert name("train.lr=1e-3") == "micro-tied-bpe4096-shakespeare-s0,train.lr=1e-3"
-    assert name("data=textfile", "data.path=/some/where/notes.txt") == "micro-tied-bpe4096-textfile_notes-5fc726-s0"
-    assert name("data=textfile", "data.path=/else/where/notes.txt") != name("data=textfile", "data.path=/some/where/notes.txt")
-    many = [f"train.{k}=1" for k in ("eval_interval", "log_interval", "checkpoint_interval", "eval_batches", "grad_accum", "beta1", "beta2", "warmup_steps")]
-    long_a, long_b = name(*many, "model.dropout=0.1"), name(*many, "model.dropout=0.2")
-    assert len(long_a) == len(long_b) == 200 and long_a != long_b  # cut, and kept apart by a hash
+
+def test_run_name_is_readable_short_and_shell_safe():
+    assert run_name() == "micro-tied-bpe4096-shakespeare-s0"
+    assert run_name("tying=untied", "seed=2", "tokenizer.vocab_size=8192") == "micro-untied-bpe8192-shakespeare-s2"
+    lr = run_name("train.lr=1e-3")
+    assert re.fullmatch(r"micro-tied-bpe4096-shakespeare-s0-[0-9a-f]{8}", lr)
+    assert run_name("data=textfile", "data.path=/some/where/notes.txt") == "micro-tied-bpe4096-textfile_notes-5fc726-s0"
+    assert run_name("data=textfile", "data.path=/else/where/notes.txt") != run_name(
+        "data=textfile", "data.path=/some/where/notes.txt"
+    )
+    # The names: commas, =, +, parentheses, * and 120 characters.
+    many = [
+        f"train.{k}=1"
+        for k in (
+            "eval_interval",
+            "log_interval",
+            "checkpoint_interval",
+            "eval_batches",
+            "grad_accum",
+            "beta1",
+            "beta2",
+            "warmup_steps",
+        )
+    ]
+    odd = [
+        "train.max_tokens=524288",
+        "train.lr=3e-3",
+        "data=textfile",
+        "data.path='/data/my corpus (v2)+*.txt'",
+        "tying=partial",
+        "tying.shared_fraction=0.25",
+        "model.dropout=0.1",
+        *many,
+    ]
+    names = {
+        run_name(*odd),
+        run_name(*odd[:-1]),
+        run_name(*odd[:-2]),
+        run_name(*(o for o in odd if o != "model.dropout=0.1"), "model.dropout=0.2"),
+        lr,
+        run_name("train.lr=2e-3"),
+        run_name("train.lr=1e-3", "train.min_lr=1e-4"),
+        run_name("train.min_lr=1e-4", "train.lr=1e-3"),
+    }
+    assert len(names) == 7  # different overrides, different names; the order they are given in does not matter
+    for name in names:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", name) and len(name) <= 80, name
+    assert run_name(*odd).startswith("micro-partial-bpe4096-textfile_my_corpus__v2___-")
+
+
+def test_long_choice_names_are_cut_and_kept_apart(tmp_path):
+    (tmp_path / "model").mkdir()
+    for long in ("a" * 70 + "+one", "a" * 70 + "+two"):
+        (tmp_path / "model" / f"{long}.yaml").write_text("n_layer: 1\nn_head: 1\nn_embd: 8\n")
+    one, two = (run_name(f"model={'a' * 70}+{n}", config_dir=tmp_path) for n in ("one", "two"))
+    assert one != two and len(one) == len(two) == 80 and re.fullmatch(r"[A-Za-z0-9._-]+", one)
+
+
+def test_check_name_allows_nesting_and_names_the_allowed_characters():
+    config.check_name("ablation/micro-tied_v1.2")
+    with pytest.raises(TiecliError, match=r"^run name 'a,b=c' holds ',=';.* A-Z a-z 0-9 \. _ - \(and / to nest"):
+        config.check_name("a,b=c")
+
+
+def conf(*overrides):
+    return config.to_config(config.compose(list(overrides))[0])
+
+
+def eval_steps(c):
+    return [step for step in range(1, c.max_steps + 1) if c.is_eval_step(step)]
+
+
+@pytest.mark.parametrize("steps", [100, 100_000])
+def test_intervals_scale_with_the_run(steps):
+    fixed = conf(f"train.max_steps={steps}")  # the defaults: every 100 steps, 50 warmup steps
+    assert (fixed.eval_every, fixed.n_evals, fixed.warmup) == (100, steps // 100, 50)
+    scaled = conf(f"train.max_steps={steps}", "train.evals=20", "train.warmup_fraction=0.05")
+    assert (scaled.eval_every, scaled.n_evals, scaled.warmup) == (steps // 20, 20, steps // 20)
+    assert eval_steps(scaled) == [steps // 20 * i for i in range(1, 21)]
+    odd = conf(f"train.max_steps={steps}", "train.evals=30", "train.warmup_fraction=0.333")
+    at = eval_steps(odd)
+    assert odd.n_evals == len(at) == 30 and at[-1] == steps and odd.warmup == round(0.333 * steps)
+    gaps = {b - a for a, b in zip([0, *at], at)}
+    assert max(gaps) - min(gaps) <= 1 and odd.eval_every == round(steps / 30)  # evenly spread
+
+
+def test_intervals_with_a_token_budget_and_more_evaluations_than_steps():
+    c = conf("train.max_tokens=100000", "train.batch_size=8", "train.evals=4", "train.warmup_fraction=0.1")
+    assert c.max_steps == 98 and c.n_evals == 4 and eval_steps(c) == [25, 49, 74, 98] and c.warmup == 10
+    every_step = conf("train.max_steps=5", "train.evals=50")
+    assert every_step.n_evals == 5 and eval_steps(every_step) == [1, 2, 3, 4, 5] and every_step.eval_every == 1
+    tail = conf("train.max_steps=250")  # eval_interval=100: 100, 200 and the end
+    assert eval_steps(tail) == [100, 200, 250] and tail.n_evals == 3
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.evals=0", "train.evals=0 must be at least 1 (or null: every train.eval_interval steps)"),
+        ("train.warmup_fraction=1.0", "train.warmup_fraction=1.0 is not in [0, 1) (or null: train.warmup_steps)"),
+        ("train.warmup_fraction=-0.1", "train.warmup_fraction=-0.1 is not in [0, 1)"),
+        ("train.lr_embedding=0", "train.lr_embedding=0.0 must be > 0 (or null: train.lr)"),
+        ("train.lr_output=-1e-3", "train.lr_output=-0.001 must be > 0"),
+        ("train.lr_output=inf", "train.lr_output=inf must be finite"),
+        ("diag.max_snapshots=1", "diag.max_snapshots=1 must be at least 2"),
+        ("eval.test=maybe", "eval.test='maybe' has the wrong type; expected bool"),
+    ],
+)
+def test_new_keys_are_checked(override, message):
+    with pytest.raises(ConfigError) as e:
+        conf(override)
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_config_dir_adds_choices_and_wins(tmp_path):
@@ -190,7 +335,9 @@ def test_config_dir_adds_choices_and_wins(tmp_path):
     (tmp_path / "model" / "huge.yaml").write_text("n_layer: 24\nn_head: 16\nn_embd: 1024\n")
     cfg, choices = config.compose(["model=huge"], config_dir=tmp_path)
     assert choices["model"] == "huge" and cfg.model.n_layer == 24 and cfg.model.block_size == 128
-    (tmp_path / "model" / "micro.yaml").write_text("n_layer: 7\nn_head: 4\nn_embd: 128\n")  # same name as tiecli's: the user's wins
+    (tmp_path / "model" / "micro.yaml").write_text(
+        "n_layer: 7\nn_head: 4\nn_embd: 128\n"
+    )  # same name as tiecli's: the user's wins
     assert config.compose([], config_dir=tmp_path)[0].model.n_layer == 7
     assert config.compose([])[0].model.n_layer == 4
     with pytest.raises(ConfigError, match="valid choices: gpt2, huge, medium"):

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 import torch
+from conftest import conf, data_config
 
 from tiecli import data
-from conftest import conf, data_config
 from tiecli.errors import TiecliError
 
 
@@ -57,7 +57,9 @@ def test_bad_textfile_paths_give_clear_errors(tmp_path, setup, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("text", ["one long line of words " * 5000, "a first long line " * 3000 + "\n" + "and a second " * 3000])
+@pytest.mark.parametrize(
+    "text", ["one long line of words " * 5000, "a first long line " * 3000 + "\n" + "and a second " * 3000]
+)
 def test_text_too_short_to_split_is_a_clear_error(tmp_path, text):
     (tmp_path / "short.txt").write_text(text)
     cfg = data_config(name="textfile", path=str(tmp_path / "short.txt"), split="block")
@@ -67,7 +69,14 @@ def test_text_too_short_to_split_is_a_clear_error(tmp_path, text):
 
 def test_three_blocks_give_three_non_empty_splits(tmp_path):
     (tmp_path / "three.txt").write_text("".join(f"line {i}\n" for i in range(3)))
-    cfg = data_config(name="textfile", path=str(tmp_path / "three.txt"), split="block", n_blocks=3, test_fraction=0.6, val_fraction=0.3)
+    cfg = data_config(
+        name="textfile",
+        path=str(tmp_path / "three.txt"),
+        split="block",
+        n_blocks=3,
+        test_fraction=0.6,
+        val_fraction=0.3,
+    )
     texts = data.split_texts(data.load_documents(cfg), cfg)
     assert all(texts[s] for s in data.SPLITS)
 

@@ -3,13 +3,13 @@ import math
 
 import pytest
 import torch
-
 from conftest import TINY
-from tiecli import config, diagnostics, geometry, rundir, tokenizer, train
-from tiecli.errors import TiecliError
-from tiecli.cli import app
-from tiecli.model import GPT, GPTConfig
 from typer.testing import CliRunner
+
+from tiecli import config, diagnostics, geometry, rundir, tokenizer, train
+from tiecli.cli import app
+from tiecli.errors import TiecliError
+from tiecli.model import GPT, GPTConfig
 
 SHARED_MODES = ["tied", "tied_bias", "scaled", "partial", "hybrid"]
 
@@ -85,12 +85,15 @@ def two_paths(relation: str) -> tuple[torch.Tensor, torch.Tensor]:
     return a, 2 * a if relation == "aligned" else -2 * a
 
 
-@pytest.mark.parametrize("relation, cancel, lost_pct", [
-    # |a + b|^2 = 5 + 2<a, b>: against orthogonal paths (5) it shrinks by -2<a, b> / 5
-    ("orthogonal", 0.0, 0.0),  # the old 1 - |a + b| / (|a| + |b|) read 1 - sqrt(5) / 3 = 0.25 here
-    ("opposed", 0.8, 100 * (1 - 1 / math.sqrt(5))),  # <a, b> = -2: |a + b| = 1
-    ("aligned", -0.8, 100 * (1 - 3 / math.sqrt(5))),  # <a, b> = 2: |a + b| = 3, a gain
-])
+@pytest.mark.parametrize(
+    "relation, cancel, lost_pct",
+    [
+        # |a + b|^2 = 5 + 2<a, b>: against orthogonal paths (5) it shrinks by -2<a, b> / 5
+        ("orthogonal", 0.0, 0.0),  # the old 1 - |a + b| / (|a| + |b|) read 1 - sqrt(5) / 3 = 0.25 here
+        ("opposed", 0.8, 100 * (1 - 1 / math.sqrt(5))),  # <a, b> = -2: |a + b| = 1
+        ("aligned", -0.8, 100 * (1 - 3 / math.sqrt(5))),  # <a, b> = 2: |a + b| = 3, a gain
+    ],
+)
 def test_cancellation_against_orthogonal_paths(relation, cancel, lost_pct):
     g_in, g_out = two_paths(relation)
     present = torch.ones(40, dtype=torch.bool)
@@ -216,13 +219,22 @@ def test_geometry_is_recorded_at_init_and_every_evaluation(tmp_path):
     # byte tokens: no English word of the shipped pairs is a single token, and that is no error
     assert entries[0]["n_tokens"] > 50 and entries[0]["pairs"]["source"] == "en" and entries[0]["pairs"]["found"] == 0
     assert entries[0]["input"]["forms_n_pairs"] == 0 and entries[0]["input"]["forms_contrast"] is None
-    assert sorted(p.name for p in (tmp_path / "r" / rundir.SNAPSHOTS).iterdir()) == ["step_0.pt", "step_12.pt", "step_6.pt"]
+    assert sorted(p.name for p in (tmp_path / "r" / rundir.SNAPSHOTS).iterdir()) == [
+        "step_0.pt",
+        "step_12.pt",
+        "step_6.pt",
+    ]
 
 
 def test_geometry_command(isolated):
     runner = CliRunner()
     tiny = [o for o in TINY if not o.startswith("tokenizer=")]  # a key may be given once
-    assert runner.invoke(app, ["train", *tiny, "tying=untied", "tokenizer=bpe", "tokenizer.vocab_size=1024", "--name", "r"]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["train", *tiny, "tying=untied", "tokenizer=bpe", "tokenizer.vocab_size=1024", "--name", "r"]
+        ).exit_code
+        == 0
+    )
     run_dir = isolated / "runs" / "r"
     recorded = {e.step: e.to_dict() for e in rundir.RunReader(run_dir).geometry()}
 
@@ -230,7 +242,10 @@ def test_geometry_command(isolated):
     assert latest["step"] == 12 and latest["input"] == recorded[12]["input"]
     init = json.loads(runner.invoke(app, ["geometry", str(run_dir), "--step", "init", "--json"]).output)
     assert init["input"]["drift"] == 0 and init["input"]["anisotropy"] == recorded[0]["input"]["anisotropy"]
-    assert json.loads(runner.invoke(app, ["geometry", str(run_dir), "--step", "6", "--json"]).output)["output"] == recorded[6]["output"]
+    assert (
+        json.loads(runner.invoke(app, ["geometry", str(run_dir), "--step", "6", "--json"]).output)["output"]
+        == recorded[6]["output"]
+    )
 
     result = runner.invoke(app, ["geometry", str(run_dir), "--step", "7"])
     assert result.exit_code == 1 and "choose one of latest, init, 0, 6, 12" in result.output

@@ -1,9 +1,10 @@
+import dataclasses
 import math
 
 import pytest
 import torch
-
 from conftest import conf, data_config
+
 from tiecli.data import load_corpus
 from tiecli.evaluate import evaluate
 from tiecli.model import GPT, GPTConfig
@@ -42,3 +43,27 @@ def test_bucket_losses_recombine_to_the_total(corpus):
     assert m["n_tokens"] == 20 * 64
     parts = [b for b in m["by_bucket"].values() if b["n_tokens"]]
     assert sum(b["loss"] * b["n_tokens"] for b in parts) / m["n_tokens"] == pytest.approx(m["loss"])
+
+
+def test_evaluation_runs_in_inference_mode(corpus):
+    model = GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2, n_embd=16))
+    seen = []
+    model.register_forward_hook(lambda *_: seen.append(torch.is_inference_mode_enabled()))
+    evaluate(model, corpus, "val", corpus.buckets([0.5, 0.9]), torch.device("cpu"), limit=4)
+    assert seen and all(seen) and not torch.is_inference_mode_enabled()
+    assert model.training  # left as it was found
+
+
+def test_the_training_split_is_evaluated_on_a_fixed_subset_when_large(corpus):
+    from tiecli.data import eval_windows
+    from tiecli.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
+
+    limit = whole_split_limit(corpus, "train", 64)
+    assert limit == TRAIN_EVAL_FACTOR * len(eval_windows(len(corpus.tokens["val"]), 64))
+    assert whole_split_limit(corpus, "val", 64) is None and whole_split_limit(corpus, "test", 64) is None
+    small = dataclasses.replace(
+        corpus, tokens={**corpus.tokens, "train": corpus.tokens["train"][: 3 * len(corpus.tokens["val"])]}
+    )
+    assert len(eval_windows(len(small.tokens["train"]), 64, whole_split_limit(small, "train", 64))) == len(
+        eval_windows(len(small.tokens["train"]), 64)
+    )  # at most 4x the validation split: the whole of it

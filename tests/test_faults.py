@@ -29,10 +29,25 @@ from tiecli.cli import app
 from tiecli.model import GPT
 
 # The issue's tiny config F (each key once: a key given twice is refused), then a short schedule.
-F = ["model=nano", "tokenizer=bytes", "data=textfile", "data.path=small.txt", "data.split=block",
-     "model.block_size=32", "train.batch_size=8"]
-SHORT = ["train.max_steps=8", "train.warmup_steps=2", "train.eval_interval=4", "train.eval_batches=2",
-         "train.log_interval=2", "train.checkpoint_interval=4", "diag.every=0", "diag.geometry=false"]
+F = [
+    "model=nano",
+    "tokenizer=bytes",
+    "data=textfile",
+    "data.path=small.txt",
+    "data.split=block",
+    "model.block_size=32",
+    "train.batch_size=8",
+]
+SHORT = [
+    "train.max_steps=8",
+    "train.warmup_steps=2",
+    "train.eval_interval=4",
+    "train.eval_batches=2",
+    "train.log_interval=2",
+    "train.checkpoint_interval=4",
+    "diag.every=0",
+    "diag.geometry=false",
+]
 RUN = [*F, *SHORT]
 EVALUATE = training.evaluate  # the original, to put back mid-test
 
@@ -51,8 +66,13 @@ def tiecli(*argv):
 
 def spawn(*argv, **kw) -> subprocess.Popen:
     """A real `tiecli` process in the test's folder (the cache comes through the environment)."""
-    return subprocess.Popen([sys.executable, "-m", "tiecli", *map(str, argv)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tiecli", *map(str, argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def refused(result, code: int, text: str) -> None:
@@ -80,7 +100,11 @@ def failed(result, code: int, text: str) -> str:
 
 def contents(folder: Path) -> dict[str, bytes]:
     """Every file of a run but its lock, to show a refusal left it untouched."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != rundir.LOCK}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != rundir.LOCK
+    }
 
 
 def steps_of(run: Path) -> list[int]:
@@ -96,8 +120,26 @@ def stripped(run: Path) -> list[dict]:
 def corpus(isolated):
     """small.txt: 60 kB of lines, the same in every test, so the token cache is shared."""
     rng = random.Random(0)
-    words = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wise", "owls", "count", "stars"]
-    (isolated / "small.txt").write_text("".join(" ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(1500)))
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "seven",
+        "wise",
+        "owls",
+        "count",
+        "stars",
+    ]
+    (isolated / "small.txt").write_text(
+        "".join(" ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(1500))
+    )
     return isolated
 
 
@@ -117,7 +159,9 @@ IN_USE = ("run X is in use by process", "created by another process meanwhile", 
 
 @pytest.mark.slow
 def test_two_writers_at_once_one_trains_the_other_is_refused(isolated):
-    common = args("train.max_steps=30", "train.eval_interval=10", "train.checkpoint_interval=10", "train.log_interval=5")
+    common = args(
+        "train.max_steps=30", "train.eval_interval=10", "train.checkpoint_interval=10", "train.log_interval=5"
+    )
     procs = {seed: spawn("train", *common, f"seed={seed}", "--name", "X") for seed in (1, 2)}
     results = {seed: (p.communicate(timeout=240), p.returncode) for seed, p in procs.items()}
     codes = sorted(code for _, code in results.values())
@@ -163,8 +207,11 @@ def test_resume_of_a_completed_run_without_its_checkpoint_touches_nothing(done):
     (done / rundir.CHECKPOINT).unlink()
     before = contents(done)
     # Extending it would need last.pt: refused, and the recorded steps, eval.json and config stay.
-    refused(tiecli("train", *args("train.max_steps=16"), "--name", "X", "--resume"), 1,
-            "run X has no checkpoint (checkpoints/last.pt) to resume from")
+    refused(
+        tiecli("train", *args("train.max_steps=16"), "--name", "X", "--resume"),
+        1,
+        "run X has no checkpoint (checkpoints/last.pt) to resume from",
+    )
     refused(tiecli("train", "--resume", done, "train.max_steps=16"), 1, "has no checkpoint")
     assert contents(done) == before
     # Not extended, it is complete already: said so, and nothing trained again.
@@ -184,8 +231,9 @@ def test_resume_of_a_run_that_does_not_exist_creates_nothing(isolated):
 
 def test_block_size_beyond_the_training_split_leaves_nothing(isolated):
     (isolated / "few.txt").write_text("".join(f"line {i} of a short text\n" for i in range(100)))
-    refused(tiecli("train", *args("data.path=few.txt", "model.block_size=4096"), "--name", "X"), 1,
-            "the train split has")
+    refused(
+        tiecli("train", *args("data.path=few.txt", "model.block_size=4096"), "--name", "X"), 1, "the train split has"
+    )
     assert not (isolated / "runs").exists()
 
 
@@ -197,7 +245,9 @@ def test_a_corpus_of_only_newlines_is_one_line_and_leaves_nothing(isolated):
     (isolated / "docs").mkdir()
     for i in range(3):  # whole documents of one character: a training split with one distinct token
         (isolated / "docs" / f"{i}.txt").write_text("a" * 2000)
-    refused(tiecli("train", *args("data.path=docs", "data.split=document"), "--name", "X"), 1, "holds 1 distinct token(s)")
+    refused(
+        tiecli("train", *args("data.path=docs", "data.split=document"), "--name", "X"), 1, "holds 1 distinct token(s)"
+    )
     assert not (isolated / "runs").exists()
 
 
@@ -215,7 +265,10 @@ def test_out_of_memory_is_one_line_and_a_plain_rerun_replaces_the_run(isolated):
     assert not run.exists() or rundir.RunReader(run).status() == "failed"
     result = tiecli("train", *RUN, "--name", "X")  # no --resume: a run that trained no step gives way
     assert result.exit_code == 0, result.output
-    assert rundir.RunReader(run).summary().status == "completed" and rundir.RunReader(run).config()["train"]["batch_size"] == 8
+    assert (
+        rundir.RunReader(run).summary().status == "completed"
+        and rundir.RunReader(run).config()["train"]["batch_size"] == 8
+    )
 
 
 def disk_full(*_args, **_kw):
@@ -235,7 +288,11 @@ def test_a_full_disk_while_the_run_is_created_leaves_nothing(isolated, monkeypat
         monkeypatch.setattr(os, "rename", full_at_rename)
     else:
         write = rundir.atomic_write
-        monkeypatch.setattr(rundir, "atomic_write", lambda path, data: disk_full() if Path(path).name == "init.pt" else write(path, data))
+        monkeypatch.setattr(
+            rundir,
+            "atomic_write",
+            lambda path, data: disk_full() if Path(path).name == "init.pt" else write(path, data),
+        )
     refused(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
     assert list((isolated / "runs").iterdir()) == []  # neither the run nor its .X.*.tmp folder
 
@@ -282,7 +339,9 @@ def test_an_extension_stopped_midway_resumes_to_its_new_end(done, monkeypatch):
     assert result.exit_code == 0, result.output
     summary = rundir.RunReader(done).summary()
     assert (summary.status, summary.step, summary.max_steps) == ("completed", 16, 16)
-    refused(tiecli("train", *args("train.max_steps=20", "train.max_steps=24"), "--name", "X", "--resume"), 2, "given twice")
+    refused(
+        tiecli("train", *args("train.max_steps=20", "train.max_steps=24"), "--name", "X", "--resume"), 2, "given twice"
+    )
 
 
 # --- 4. a NaN loss (the config values are at the end: config.py is changing) --------------------------------
@@ -357,14 +416,19 @@ def test_a_checkpoint_of_the_wrong_structure_is_one_line_for_every_command(done,
     assert contents(done) == before
 
 
-@pytest.mark.parametrize("entry, value", [("optimizer", {"state": {}}), ("rng", {"torch": "seed"}), ("state", {"step": 8, "steps": 1})])
+@pytest.mark.parametrize(
+    "entry, value", [("optimizer", {"state": {}}), ("rng", {"torch": "seed"}), ("state", {"step": 8, "steps": 1})]
+)
 def test_a_checkpoint_whose_training_state_is_foreign_is_one_line_on_resume(done, entry, value):
     ckpt = torch.load(done / rundir.CHECKPOINT, weights_only=True)
     ckpt[entry] = value
     torch.save(ckpt, done / rundir.CHECKPOINT)
     before = contents(done)
-    refused(tiecli("train", *args("train.max_steps=12"), "--name", "X", "--resume"), 1,
-            "run X: checkpoint last.pt does not match this run")
+    refused(
+        tiecli("train", *args("train.max_steps=12"), "--name", "X", "--resume"),
+        1,
+        "run X: checkpoint last.pt does not match this run",
+    )
     assert contents(done) == before
 
 
@@ -385,7 +449,11 @@ def test_a_full_disk_mid_run_is_one_line_and_marks_the_run_failed(isolated, monk
         monkeypatch.setattr(rundir.RunWriter, "log", full_log)
     else:
         write = rundir.atomic_write
-        monkeypatch.setattr(rundir, "atomic_write", lambda path, data: disk_full() if Path(path).name == "last.pt" else write(path, data))
+        monkeypatch.setattr(
+            rundir,
+            "atomic_write",
+            lambda path, data: disk_full() if Path(path).name == "last.pt" else write(path, data),
+        )
     failed(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
     run = isolated / "runs" / "X"
     summary = rundir.RunReader(run).summary()
@@ -403,7 +471,9 @@ def test_a_file_size_limit_is_one_line_and_marks_the_run_failed(isolated):
     proc = spawn("train", *RUN, "--name", "X", preexec_fn=small_files_only)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, err[-3000:]
-    assert ends_in_error(err, os.strerror(errno.EFBIG)).endswith(str(Path("runs", "X", "checkpoints", "last.pt")))  # the file named
+    assert ends_in_error(err, os.strerror(errno.EFBIG)).endswith(
+        str(Path("runs", "X", "checkpoints", "last.pt"))
+    )  # the file named
     run = isolated / "runs" / "X"
     summary = rundir.RunReader(run).summary()
     assert summary.status == "failed" and summary.step == 4
@@ -412,7 +482,9 @@ def test_a_file_size_limit_is_one_line_and_marks_the_run_failed(isolated):
 
 def test_a_read_only_runs_folder_is_one_line(isolated):
     if os.geteuid() == 0:
-        pytest.skip("running as root: permission bits do not stop root, so a read-only (0o555) runs folder cannot be made here")
+        pytest.skip(
+            "running as root: permission bits do not stop root, so a read-only (0o555) runs folder cannot be made here"
+        )
     runs = isolated / "runs"
     runs.mkdir(mode=0o555)
     try:
@@ -454,7 +526,11 @@ def test_names_and_data_paths_over_255_bytes_are_one_line(isolated):
 
 
 def test_data_path_that_cannot_be_read_is_one_line(isolated):
-    refused(tiecli("train", *args("data.path=/proc/self/mem"), "--name", "X"), 1, "data.path file '/proc/self/mem' cannot be read")
+    refused(
+        tiecli("train", *args("data.path=/proc/self/mem"), "--name", "X"),
+        1,
+        "data.path file '/proc/self/mem' cannot be read",
+    )
     assert not (isolated / "runs").exists()
 
 
@@ -469,11 +545,19 @@ def test_report_out_that_is_a_file_is_one_line(done):
 
 @pytest.mark.parametrize("command", ["eval", "resume"])
 def test_temporaries_of_a_killed_writer_go_at_the_next_open(done, command):
-    leftovers = [done / "checkpoints" / ".last.pt.abc123.tmp", done / ".summary.json.x1y2z3.tmp", done / "checkpoints" / "emb" / ".step_4.pt.q.tmp"]
+    leftovers = [
+        done / "checkpoints" / ".last.pt.abc123.tmp",
+        done / ".summary.json.x1y2z3.tmp",
+        done / "checkpoints" / "emb" / ".step_4.pt.q.tmp",
+    ]
     for path in leftovers:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"half a file")
-    result = tiecli("eval", done) if command == "eval" else tiecli("train", *args("train.max_steps=10"), "--name", "X", "--resume")
+    result = (
+        tiecli("eval", done)
+        if command == "eval"
+        else tiecli("train", *args("train.max_steps=10"), "--name", "X", "--resume")
+    )
     assert result.exit_code == 0, result.output
     assert not any(path.exists() for path in leftovers)
 
@@ -507,11 +591,24 @@ def test_ctrl_c_in_the_final_evaluation_then_resume_only_evaluates(isolated, mon
 def test_a_second_ctrl_c_stops_at_once(isolated):
     # Long steps (a big batch), so the first Ctrl-C's orderly stop would take seconds.
     run = isolated / "runs" / "X"
-    proc = spawn("train", *args("model=micro", "train.batch_size=1024", "train.max_steps=200", "train.log_interval=1",
-                                "train.checkpoint_interval=1", "train.eval_interval=100"), "--name", "X")
+    proc = spawn(
+        "train",
+        *args(
+            "model=micro",
+            "train.batch_size=1024",
+            "train.max_steps=200",
+            "train.log_interval=1",
+            "train.checkpoint_interval=1",
+            "train.eval_interval=100",
+        ),
+        "--name",
+        "X",
+    )
     try:
         deadline = time.time() + 180
-        while (not (run / rundir.CHECKPOINT).exists() or not any(s >= 2 for s in steps_of(run))) and proc.poll() is None:
+        while (
+            not (run / rundir.CHECKPOINT).exists() or not any(s >= 2 for s in steps_of(run))
+        ) and proc.poll() is None:
             assert time.time() < deadline, "timed out waiting for the first steps"
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -550,8 +647,14 @@ def _kill_when(proc: subprocess.Popen, condition, seconds: float = 120) -> bool:
 @pytest.mark.slow
 def test_kill_9_at_several_points_then_resume_matches_an_uninterrupted_run(isolated):
     # model=tiny: last.pt is ~33 MB, so it takes a while to write (and fsync), and a kill can land inside it.
-    common = args("model=tiny", "train.max_steps=24", "train.checkpoint_interval=3", "train.eval_interval=6",
-                  "train.log_interval=3", "train.warmup_steps=4")
+    common = args(
+        "model=tiny",
+        "train.max_steps=24",
+        "train.checkpoint_interval=3",
+        "train.eval_interval=6",
+        "train.log_interval=3",
+        "train.warmup_steps=4",
+    )
     run = isolated / "runs" / "X"
     ckpts = run / "checkpoints"
 
@@ -623,14 +726,17 @@ def test_a_group_given_twice_is_refused(isolated):
 # --- 4. config values through the CLI (config.py's checks) ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("override, text", [
-    ("train.lr=inf", "train.lr"),
-    ("train.weight_decay=inf", "train.weight_decay"),
-    ("train.beta1=2", "train.beta1"),
-    ("train.beta2=-1", "train.beta2"),
-    ("seed=99999999999999999999999", "seed"),
-    ("train.lr=${oops}", "oops"),
-])
+@pytest.mark.parametrize(
+    "override, text",
+    [
+        ("train.lr=inf", "train.lr"),
+        ("train.weight_decay=inf", "train.weight_decay"),
+        ("train.beta1=2", "train.beta1"),
+        ("train.beta2=-1", "train.beta2"),
+        ("seed=99999999999999999999999", "seed"),
+        ("train.lr=${oops}", "oops"),
+    ],
+)
 def test_bad_config_values_exit_2_in_one_line_and_leave_nothing(isolated, override, text):
     refused(tiecli("train", *args(override), "--name", "X"), 2, text)
     assert not (isolated / "runs").exists()

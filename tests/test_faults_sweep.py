@@ -10,26 +10,42 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY
 from test_sweep import one_line_error, tiecli
+
 from tiecli import rundir, sweep
 
-MANIFEST_FIELDS = {"name": "bad", "created": "2024-01-01T00:00:00+00:00", "updated": "2024-01-01T00:00:00+00:00",
-                   "command": "tiecli sweep seed=0", "config_dir": None, "study": None, "axes": {}, "fixed": ["seed=0"]}
+MANIFEST_FIELDS = {
+    "name": "bad",
+    "created": "2024-01-01T00:00:00+00:00",
+    "updated": "2024-01-01T00:00:00+00:00",
+    "command": "tiecli sweep seed=0",
+    "config_dir": None,
+    "study": None,
+    "axes": {},
+    "fixed": ["seed=0"],
+}
 
 
-@pytest.mark.parametrize("manifest, why", [
-    ([], "sweep bad: sweep.json is not a sweep manifest"),
-    ({}, "sweep bad: sweep.json is not a sweep manifest"),
-    ({**MANIFEST_FIELDS, "jobs": [{"overrides": ["seed=0"], "run_dir": "x", "log": "logs/x.log"}]}, "(no 'name' field)"),
-])
+@pytest.mark.parametrize(
+    "manifest, why",
+    [
+        ([], "sweep bad: sweep.json is not a sweep manifest"),
+        ({}, "sweep bad: sweep.json is not a sweep manifest"),
+        (
+            {**MANIFEST_FIELDS, "jobs": [{"overrides": ["seed=0"], "run_dir": "x", "log": "logs/x.log"}]},
+            "(no 'name' field)",
+        ),
+    ],
+)
 def test_a_manifest_of_the_wrong_shape_is_one_line(isolated, manifest, why):
     path = isolated / "runs" / "sweeps" / "bad" / sweep.MANIFEST
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(manifest))
     one_line_error(tiecli("sweep", "seed=0", "--name", "bad"), 1, why)
-    assert json.loads(path.read_text()) == manifest and sorted(p.name for p in path.parent.iterdir()) == [sweep.MANIFEST]
+    assert json.loads(path.read_text()) == manifest and sorted(p.name for p in path.parent.iterdir()) == [
+        sweep.MANIFEST
+    ]
 
 
 def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated):
@@ -51,12 +67,16 @@ def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated)
 
 def test_a_run_another_process_writes_refuses_the_sweep(isolated):
     args = [*TINY, "seed=0,1"]
-    folder, manifest = sweep.plan(args, None, Path("runs"), "busy")
+    folder, manifest, _ = sweep.plan(args, None, Path("runs"), "busy")
     run = folder / manifest.jobs[1].run_dir
     run.mkdir(parents=True)
     (run / rundir.CONFIG).write_text("seed: 1\n")  # enough to be a run directory; its writer holds the lock
     with rundir.Lock(run / rundir.LOCK, f"run {run.name}"):
-        one_line_error(tiecli("sweep", *args, "--name", "busy"), 1, f"sweep busy: run {run.name} is in use by process {os.getpid()}")
+        one_line_error(
+            tiecli("sweep", *args, "--name", "busy"),
+            1,
+            f"sweep busy: run {run.name} is in use by process {os.getpid()}",
+        )
     assert not (folder / "logs").exists() and not (folder / sweep.MANIFEST).exists()  # refused before anything started
 
 
@@ -77,9 +97,17 @@ def _wait(condition, seconds: float, what: str) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
-    args = ["sweep", *[o for o in TINY if not o.startswith("train.max_steps=")], "train.max_steps=30", "--name", "killed"]
+    args = [
+        "sweep",
+        *[o for o in TINY if not o.startswith("train.max_steps=")],
+        "train.max_steps=30",
+        "--name",
+        "killed",
+    ]
     folder = isolated / "runs" / "sweeps" / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "tiecli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiecli", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     trainer = None
     try:
         _wait(lambda: (folder / sweep.MANIFEST).exists(), 60, "the manifest")

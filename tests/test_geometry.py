@@ -215,14 +215,16 @@ def test_cka_ignores_rotation_and_sees_independence():
 def pair_matrix():
     """Rows 0-5 hand-built (two pairs with cosine exactly 0.5), rows 6+ random."""
     W = gaussian(12, n=200, c=4)
-    W[:6] = torch.tensor([
-        [1.0, 0.0, 0.0, 0.0],
-        [0.5, math.sqrt(3) / 2, 0.0, 0.0],  # cos(row 0, row 1) = 0.5
-        [0.0, 0.0, 2.0, 0.0],
-        [0.0, 0.0, 3.0, 3.0 * math.sqrt(3)],  # cos(row 2, row 3) = 0.5, other lengths
-        [0.0, 0.0, 0.0, 1.0],
-        [0.0, 1.0, 0.0, 0.0],
-    ])
+    W[:6] = torch.tensor(
+        [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.5, math.sqrt(3) / 2, 0.0, 0.0],  # cos(row 0, row 1) = 0.5
+            [0.0, 0.0, 2.0, 0.0],
+            [0.0, 0.0, 3.0, 3.0 * math.sqrt(3)],  # cos(row 2, row 3) = 0.5, other lengths
+            [0.0, 0.0, 0.0, 1.0],
+            [0.0, 1.0, 0.0, 0.0],
+        ]
+    )
     return W
 
 
@@ -294,25 +296,78 @@ def test_pair_contrast_without_pairs():
 
 def test_english_form_pairs():
     tokens = [
-        " walk", " walked", " walking", " walks",  # 0-3
-        " cat", " cats", " go", " going", " goes",  # 4-8: "go" is too short
-        " make", " makes", " making", " try", " tried", " tries",  # 9-14
-        " stop", " stopped", " stopping", "walk", "walks",  # 15-19: bare pieces are ignored
-        " car", " care", " caring", " cared",  # 20-23: caring belongs to care, not car
-        " th", " thing", "er", "ers", None,  # 24-28: no vowel, too short, unknown
-        " box", " boxes", " Stop", " 123", " кот", " коты",  # 29-34
+        " walk",
+        " walked",
+        " walking",
+        " walks",  # 0-3
+        " cat",
+        " cats",
+        " go",
+        " going",
+        " goes",  # 4-8: "go" is too short
+        " make",
+        " makes",
+        " making",
+        " try",
+        " tried",
+        " tries",  # 9-14
+        " stop",
+        " stopped",
+        " stopping",
+        "walk",
+        "walks",  # 15-19: bare pieces are ignored
+        " car",
+        " care",
+        " caring",
+        " cared",  # 20-23: caring belongs to care, not car
+        " th",
+        " thing",
+        "er",
+        "ers",
+        None,  # 24-28: no vowel, too short, unknown
+        " box",
+        " boxes",
+        " Stop",
+        " 123",
+        " кот",
+        " коты",  # 29-34
     ]
     expected = [
-        (0, 1), (0, 2), (0, 3), (4, 5), (9, 10), (9, 11), (12, 13), (12, 14),
-        (15, 16), (15, 17), (21, 22), (21, 23), (29, 30),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (4, 5),
+        (9, 10),
+        (9, 11),
+        (12, 13),
+        (12, 14),
+        (15, 16),
+        (15, 17),
+        (21, 22),
+        (21, 23),
+        (29, 30),
     ]
     assert geometry.english_form_pairs(tokens) == expected
 
 
 def test_english_form_pairs_skip_word_pieces():
     # GPT-2 has all of these: short word-initial pieces the suffix rules would pair with unrelated words
-    tokens = [" be", " bed", " being", " ke", " king", " wa", " was", " the", " thing", " re", " ring",
-              " use", " used", " using"]  # 11-13: e + d keeps "use", e-drop + ing would leave "us"
+    tokens = [
+        " be",
+        " bed",
+        " being",
+        " ke",
+        " king",
+        " wa",
+        " was",
+        " the",
+        " thing",
+        " re",
+        " ring",
+        " use",
+        " used",
+        " using",
+    ]  # 11-13: e + d keeps "use", e-drop + ing would leave "us"
     assert geometry.english_form_pairs(tokens) == [(11, 12)]
 
 
@@ -370,10 +425,24 @@ def setup(seed=13, n=N):
 
 
 SIDE_KEYS = {
-    "norm_mean", "norm_std", "norm_min", "norm_max", "norm_freq_spearman",
-    "anisotropy", "cosine_to_mean", "top_pc_share", "isotropy",
-    "singular_values", "effective_rank", "stable_rank", "top_share",
-    "forms_n_pairs", "forms_cosine", "forms_random_cosine", "forms_matched_cosine", "forms_contrast",
+    "norm_mean",
+    "norm_std",
+    "norm_min",
+    "norm_max",
+    "norm_freq_spearman",
+    "anisotropy",
+    "cosine_to_mean",
+    "top_pc_share",
+    "isotropy",
+    "singular_values",
+    "effective_rank",
+    "stable_rank",
+    "top_share",
+    "forms_n_pairs",
+    "forms_cosine",
+    "forms_random_cosine",
+    "forms_matched_cosine",
+    "forms_contrast",
 }
 DRIFT_KEYS = {"drift", "drift_frequent", "drift_mid", "drift_rare"}
 AGREEMENT_KEYS = {"row_cosine", "distance", "knn_overlap", "knn_k", "knn_queries", "cka"}

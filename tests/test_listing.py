@@ -44,6 +44,15 @@ def test_runs_fit_80_columns_with_every_header_and_state(tmp_path):
         assert [c.strip() for c in header.split("┃")[1:-1]] == list(COLUMNS)
         table = rows(result.output)
         assert {name: cells[1] for name, cells in table.items()} == {
-            LONG.format(seed=0): "completed", LONG.format(seed=1): "completed", "nano-untied-s0": "failed",
-            "nano-tied-s0": "running", "broken": "unreadable: config.yaml does not exist"}
-        assert table[LONG.format(seed=0)][2:] == ["micro", "tied", "20/20", f"{math.exp(LOSS[('micro', 'tied')][0]):.2f}"]
+            LONG.format(seed=0): "completed",
+            LONG.format(seed=1): "completed",
+            "nano-untied-s0": "failed",
+            "nano-tied-s0": "running",
+            "broken": "unreadable: config.yaml does not exist",
+        }
+        assert table[LONG.format(seed=0)][2:] == [
+            "micro",
+            "tied",
+            "20/20",
+            f"{math.exp(LOSS[('micro', 'tied')][0]):.2f}",
+        ]

@@ -32,15 +32,23 @@ def test_param_counts_match_formula(mode):
     block = 2 * (2 * C) + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
     assert counts["non_embedding"] == L * block + 2 * C  # blocks + final LayerNorm
     assert counts["positional"] == T * C
-    assert counts["total"] == sum(counts[k] for k in ("input_embedding", "output_matrix", "shared", "positional", "non_embedding"))
+    assert counts["total"] == sum(
+        counts[k] for k in ("input_embedding", "output_matrix", "shared", "positional", "non_embedding")
+    )
     assert counts == count_params(config(mode))  # the meta-device count used by `tiecli info`
 
 
 def test_partial_and_hybrid_settings_change_counts():
     counts = GPT(config("partial", shared_fraction=0.25)).param_counts()
     assert counts["shared"] == V * 8 and counts["input_embedding"] == V * 24
-    assert GPT(config("partial", shared_fraction=1.0)).param_counts()["total"] == GPT(config("tied")).param_counts()["total"]
-    assert GPT(config("partial", shared_fraction=0.0)).param_counts()["total"] == GPT(config("untied")).param_counts()["total"]
+    assert (
+        GPT(config("partial", shared_fraction=1.0)).param_counts()["total"]
+        == GPT(config("tied")).param_counts()["total"]
+    )
+    assert (
+        GPT(config("partial", shared_fraction=0.0)).param_counts()["total"]
+        == GPT(config("untied")).param_counts()["total"]
+    )
     assert GPT(config("hybrid", rank=4)).param_counts()["output_matrix"] == V * 4 + 4 * C
 
 
@@ -134,3 +142,58 @@ def test_bad_settings_are_refused():
         GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=4, n_embd=30)
     with pytest.raises(ValueError, match="shared_fraction"):
         config("partial", shared_fraction=1.5)
+
+
+def test_one_seed_gives_every_mode_the_same_body():
+    """A same-seed pair of modes differs only in its token matrices: the body draws from its own generator."""
+
+    def body(mode, seed):
+        torch.manual_seed(1000 + seed)  # the global RNG plays no part
+        kw = {"shared_fraction": 0.25} if mode == "partial" else {"scale_logits": True} if mode == "scaled" else {}
+        return {k: v for k, v in GPT(config(mode, **kw), seed=seed).state_dict().items() if not k.startswith("emb.")}
+
+    reference = body("untied", 3)
+    assert "h.0.attn.c_attn.weight" in reference and "wpe.weight" in reference and "ln_f.weight" in reference
+    for mode in TYING_MODES:
+        other = body(mode, 3)
+        assert other.keys() == reference.keys()
+        assert all(torch.equal(other[k], reference[k]) for k in reference), mode
+    other_seed = body("untied", 4)
+    assert not torch.equal(other_seed["h.0.attn.c_attn.weight"], reference["h.0.attn.c_attn.weight"])
+    assert not torch.equal(other_seed["wpe.weight"], reference["wpe.weight"])
+    # The token matrices: each mode draws wte first, so the plain (V, C) modes also share their input matrix.
+    wte = {mode: GPT(config(mode), seed=3).emb.wte for mode in ("untied", "untied_init", "tied", "tied_bias", "hybrid")}
+    assert all(torch.equal(w, wte["untied"]) for w in wte.values())
+    assert not torch.equal(GPT(config("tied"), seed=4).emb.wte, wte["tied"])
+
+
+def test_meta_construction_draws_nothing_and_matches_shapes():
+    state = torch.get_rng_state()
+    with torch.device("meta"):
+        model = GPT(config("untied"), seed=5)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(p.is_meta for p in model.parameters())
+    assert {k: v.shape for k, v in model.state_dict().items()} == {
+        k: v.shape for k, v in GPT(config("untied")).state_dict().items()
+    }
+
+
+@pytest.mark.parametrize(
+    "scales, logit_std, input_std",
+    [
+        ({}, 0.02 * math.sqrt(128), 0.02),  # tied: GPT-2's 0.02 everywhere, logits start small
+        ({"scale_logits": True}, 1.0, 1.0),  # T5: std 1.0 rows, logits / sqrt(C)
+        ({"scale_inputs": True}, 1.0, 1.0),  # Gemma: std 1/sqrt(C) rows, inputs x sqrt(C)
+        ({"scale_logits": True, "scale_inputs": True}, 128**-0.5, 1.0),  # both: the inputs decide
+    ],
+)
+def test_scaled_starts_with_its_origins_init(scales, logit_std, input_std):
+    cfg = GPTConfig(vocab_size=512, block_size=T, n_layer=1, n_head=4, n_embd=128, tying="scaled", **scales)
+    emb = GPT(cfg, seed=0).emb
+    h = torch.randn(
+        64, 128, generator=torch.Generator().manual_seed(1)
+    )  # what LayerNorm hands the output: ~1 per dimension
+    with torch.no_grad():
+        logits, inputs = emb.decode(h), emb.encode(torch.arange(512))
+    assert logits.std().item() == pytest.approx(logit_std, rel=0.1)
+    assert inputs.std().item() == pytest.approx(input_std, rel=0.1)

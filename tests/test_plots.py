@@ -7,25 +7,29 @@ from test_report import write_run
 from tiecli import plots
 from tiecli.report import load
 from tiecli.report.groups import SIZE_KEYS, Baseline, group_runs
-from tiecli.report.stats import mean_ci
+from tiecli.report.stats import compare, mean_ci
 
 # three sizes whose names sort, as text, unlike their parameter counts (micro < nano < small)
-SIZES = {"nano": {"n_layer": 2, "n_head": 4, "n_embd": 64, "non_embedding": 40_000},
-         "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128, "non_embedding": 800_000},
-         "small": {"n_layer": 6, "n_head": 4, "n_embd": 192, "non_embedding": 3_000_000}}
+SIZES = {
+    "nano": {"n_layer": 2, "n_head": 4, "n_embd": 64, "non_embedding": 40_000},
+    "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128, "non_embedding": 800_000},
+    "small": {"n_layer": 6, "n_head": 4, "n_embd": 192, "non_embedding": 3_000_000},
+}
 LOSS = {"nano": 3.0, "micro": 2.6, "small": 2.3}
 PER_PANEL = {"val_loss.png": plots.val_loss, "grad_cos.png": plots.grad_cos, "drift.png": plots.drift}
 
 
 def report_groups(root, baseline="tying=untied"):
-    """The groups of the runs under root, with what the figures read: panel, series, perplexity."""
+    """The groups of the runs under root, with what the figures read: panel, series, perplexity, and the
+    convergence target of each group's pair (None for a baseline), as the report sets them."""
     axis = Baseline.parse(baseline)
     groups, _ = group_runs(load.load_runs([root])[0])
+    targets = {c.group.label: c.target for c in compare(groups, axis)}
     for g in groups:
         g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
         g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
         g.stats = {"perplexity": mean_ci(r.perplexity for r in g.runs)}
-        g.target = min(r.loss for r in g.runs) + 0.1
+        g.target = targets.get(g.label)
     return groups
 
 
@@ -66,7 +70,10 @@ def test_titles_lie_inside_the_figure(grid, n_sizes):
         width, height = fig.bbox.width, fig.bbox.height
         for text in [fig._suptitle, *(ax.title for ax in fig.axes)]:
             box = text.get_window_extent(renderer)
-            assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 <= height, (figure.__name__, text.get_text())
+            assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 <= height, (
+                figure.__name__,
+                text.get_text(),
+            )
 
 
 def test_panels_follow_parameter_count_then_the_numbers_in_their_names(grid):
@@ -110,8 +117,44 @@ def test_groups_of_one_mode_in_a_panel_are_told_apart(grid):
         g.panel = g.mode
     ax = plots.val_loss(groups).axes[0]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert sorted(legend) == ["micro tied", "nano tied", "target"]
+    assert sorted(legend) == [
+        "micro tied",
+        "nano tied",
+        "target: micro tied vs its baseline",
+        "target: nano tied vs its baseline",
+    ]
     assert len({(line.get_color(), line.get_marker()) for line in lines(ax)}) == 2
+
+
+def targets(ax):
+    """{label: y} of a panel's target lines (dotted, no marker)."""
+    return {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"}
+
+
+def test_each_panel_draws_the_target_of_each_of_its_pairs(grid, tmp_path):
+    """Targets are per compared pair: the higher of the pair's best losses, in the pair's group's colour."""
+    groups = grid(2)
+    for ax, size in zip(plots.val_loss(groups).axes, ("nano", "micro")):
+        tied = LOSS[size] + 0.05 + 0.02  # the tied seed 1 run's lowest loss: the highest of the pair's lows
+        assert targets(ax) == {"target: tied vs untied": pytest.approx(tied)}
+        colour = next(line.get_color() for line in lines(ax) if line.get_label() == "tied")
+        assert next(line.get_color() for line in ax.get_lines() if line.get_label().startswith("target")) == colour
+    root = tmp_path / "modes"  # two modes against one baseline in one panel: two pairs, two targets
+    for mode, extra in (("untied", 0.0), ("tied", 0.02), ("tied_bias", 0.2)):
+        for seed in (0, 1):
+            write_run(
+                root, "nano", "tied" if mode == "tied_bias" else mode, seed, loss=3.0 + 0.05 * seed + extra, named=mode
+            )
+    groups = report_groups(root)
+    (ax,) = plots.val_loss(groups).axes
+    assert targets(ax) == {
+        "target: tied vs untied": pytest.approx(3.07),
+        "target: tied_bias vs untied": pytest.approx(3.25),
+    }
+    for g in groups:  # one target for every pair (--target-loss): one line naming the pairs
+        g.target = None if g.mode == "untied" else 3.5
+    (ax,) = plots.val_loss(groups).axes
+    assert targets(ax) == {"target: tied, tied_bias vs untied": 3.5}
 
 
 @pytest.mark.parametrize("n_sizes", [1, 3])
@@ -134,17 +177,22 @@ def test_tied_drift_is_drawn_over_the_untied_lines_in_its_own_style(grid):
     assert tied.get_zorder() > max(untied_in.get_zorder(), untied_out.get_zorder())
     assert tied.get_linewidth() > untied_out.get_linewidth() and untied_out.get_linestyle() == "--"
     assert tied.get_color() != untied_out.get_color() and tied.get_marker() != untied_out.get_marker()
-    seeds = {colour: [line.get_zorder() for line in ax.get_lines() if line.get_color() == colour]
-             for colour in (tied.get_color(), untied_in.get_color())}
-    assert min(seeds[tied.get_color()]) > max(seeds[untied_in.get_color()])  # every seed's tied line over every untied one
+    seeds = {
+        colour: [line.get_zorder() for line in ax.get_lines() if line.get_color() == colour]
+        for colour in (tied.get_color(), untied_in.get_color())
+    }
+    assert min(seeds[tied.get_color()]) > max(
+        seeds[untied_in.get_color()]
+    )  # every seed's tied line over every untied one
 
 
 def test_perplexity_against_parameters_needs_two_sizes(grid):
     with pytest.raises(plots.NotDrawn, match="one model size"):
         plots.ppl_vs_params(grid(1))
     images, absent = plots.draw_all(grid(1))
-    assert "ppl_vs_params.png" not in images and absent == ["ppl_vs_params.png: not drawn (one model size: perplexity "
-                                                            "against parameters needs two or more)"]
+    assert "ppl_vs_params.png" not in images and absent == [
+        ("ppl_vs_params.png: not drawn (one model size: perplexity against parameters needs two or more)")
+    ]
     images, absent = plots.draw_all(grid(2))
     assert set(images) == set(plots.FIGURES) and absent == []
     assert all(png.startswith(b"\x89PNG") for png in images.values())

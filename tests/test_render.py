@@ -53,12 +53,19 @@ def test_every_header_of_every_table_shows_whole_at_80_columns(sweep):  # noqa: 
 
 def wide_spec(n_columns: int = 10) -> TableSpec:
     columns = ["group", *(f"measure number {i}" for i in range(n_columns))]
-    return TableSpec("A wide table", "the note", columns, [[f"group {r}", *(f"{r * 1000 * i:,}" for i in range(n_columns))] for r in range(3)])
+    return TableSpec(
+        "A wide table",
+        "the note",
+        columns,
+        [[f"group {r}", *(f"{r * 1000 * i:,}" for i in range(n_columns))] for r in range(3)],
+    )
 
 
 def test_a_wide_table_is_split_in_balanced_parts_each_with_the_group_column():
     spec = wide_spec()
-    tables = render.rich_tables(spec, 80)  # "group" and 3 measures of 16 characters fit: 1 + (7 + 3) + 3 * (16 + 3) = 68
+    tables = render.rich_tables(
+        spec, 80
+    )  # "group" and 3 measures of 16 characters fit: 1 + (7 + 3) + 3 * (16 + 3) = 68
     assert len(tables) == 4
     headers = [[column.header for column in t.columns] for t in tables]
     assert all(h[0] == "group" for h in headers) and [c for h in headers for c in h[1:]] == spec.columns[1:]
@@ -82,9 +89,22 @@ def test_the_printed_table_follows_the_console_width():
 
 def test_a_text_table_folds_its_cells_and_keeps_its_headers():
     why = "95% interval excludes 0 (below) after Holm-Bonferroni correction over every row of the report"
-    spec = TableSpec("Claims", "note", ["claim", "comparison", "figure", "measured [95% CI]", "verdict", "why"],
-                     [["R4", "micro tied vs untied input", "ppl_vs_params.png", "-0.00525 [-0.00668, -0.00381]", "inconclusive", why]],
-                     text=True)
+    spec = TableSpec(
+        "Claims",
+        "note",
+        ["claim", "comparison", "figure", "measured [95% CI]", "verdict", "why"],
+        [
+            [
+                "R4",
+                "micro tied vs untied input",
+                "ppl_vs_params.png",
+                "-0.00525 [-0.00668, -0.00381]",
+                "inconclusive",
+                why,
+            ]
+        ],
+        text=True,
+    )
     tables = render.rich_tables(spec, 80)
     assert len(tables) == 1
     text = printed(tables)
@@ -96,8 +116,10 @@ def with_pairs(root, size, mode, seed, pairs: dict, used: int):
     """A run of the grid whose geometry entries measured related forms on `used` pairs, from `pairs`."""
     writer = write_run(root, size, mode, seed, keep_open=True)
     for entry in writer.reader.geometry():
-        sides = {side: {**getattr(entry, side), "forms_n_pairs": used} | ({"forms_contrast": None} if not used else {})
-                 for side in ("input", "output")}
+        sides = {
+            side: {**getattr(entry, side), "forms_n_pairs": used} | ({"forms_contrast": None} if not used else {})
+            for side in ("input", "output")
+        }
         writer.geometry(dataclasses.replace(entry, pairs=pairs, **sides))
     writer.close()
 
@@ -107,7 +129,9 @@ def test_related_forms_on_no_pair_print_a_warning(tmp_path):
     for mode in ("tied", "untied"):
         for seed in (0, 1):
             with_pairs(tmp_path / "runs", "nano", mode, seed, none_found, 0)
-    result = runner.invoke(app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")], env={"COLUMNS": "120"})
+    result = runner.invoke(
+        app, ["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")], env={"COLUMNS": "120"}
+    )
     assert result.exit_code == 0, result.output
     warning = "related forms: found 0 pairs (skipped 12 lines of conf/pairs/en.tsv); forms contrast not measured"
     assert warning in result.output
@@ -122,7 +146,12 @@ def test_the_warning_says_which_seeds_and_why_no_pair_was_usable(tmp_path):
     write_run(tmp_path, "nano", "tied", 0)  # geometry without pairs information: nothing to warn about
     groups, _ = group_runs(load.load_runs([tmp_path])[0])
     (spec,) = render.pairs_warnings(groups)
-    assert spec.rows == [["nano untied", "related forms: 0 of 40 pairs from english suffix rules usable (their tokens do not occur "
-                                         "in the training data); forms contrast not measured (1 of 2 seeds)"]]
+    assert spec.rows == [
+        [
+            "nano untied",
+            "related forms: 0 of 40 pairs from english suffix rules usable (their tokens do not occur "
+            "in the training data); forms contrast not measured (1 of 2 seeds)",
+        ]
+    ]
     with_pairs(tmp_path / "fine", "nano", "untied", 0, found, 25)
     assert render.pairs_warnings(group_runs(load.load_runs([tmp_path / "fine"])[0])[0]) == []

@@ -26,17 +26,27 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("val_loss.png", "ppl_vs_params.png", "grad_cos.png", "drift.png", "spectra.png")
 
 V = 256  # vocabulary
-SIZES = {"nano": {"n_layer": 2, "n_head": 4, "n_embd": 64, "non_embedding": 40_000},
-         "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128, "non_embedding": 800_000}}
+SIZES = {
+    "nano": {"n_layer": 2, "n_head": 4, "n_embd": 64, "non_embedding": 40_000},
+    "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128, "non_embedding": 800_000},
+}
 # final val loss by (size, mode): one value per seed 0, 1, 2
-LOSS = {("nano", "untied"): [3.0, 3.1, 3.2], ("nano", "tied"): [2.9, 3.05, 3.1],
-        ("micro", "untied"): [2.5, 2.6, 2.55], ("micro", "tied"): [2.45, 2.58, 2.5]}
+LOSS = {
+    ("nano", "untied"): [3.0, 3.1, 3.2],
+    ("nano", "tied"): [2.9, 3.05, 3.1],
+    ("micro", "untied"): [2.5, 2.6, 2.55],
+    ("micro", "tied"): [2.45, 2.58, 2.5],
+}
 TOKENS_PER_STEP = 1000
 
 
 def params(size, mode):
     vd, positional = V * SIZES[size]["n_embd"], 128 * SIZES[size]["n_embd"]
-    split = {"input_embedding": vd, "output_matrix": vd, "shared": 0} if mode == "untied" else {"input_embedding": 0, "output_matrix": 0, "shared": vd}
+    split = (
+        {"input_embedding": vd, "output_matrix": vd, "shared": 0}
+        if mode == "untied"
+        else {"input_embedding": 0, "output_matrix": 0, "shared": vd}
+    )
     body = SIZES[size]["non_embedding"]
     return {**split, "positional": positional, "non_embedding": body, "total": sum(split.values()) + positional + body}
 
@@ -45,7 +55,7 @@ def drifts(size, mode, seed):
     """(input drift, output drift) at the last geometry step."""
     if mode == "tied":
         return (0.5 + 0.02 * seed, 0.5 + 0.02 * seed)
-    return (0.3 + 0.01 * seed ** 2, 0.9 - 0.01 * seed)
+    return (0.3 + 0.01 * seed**2, 0.9 - 0.01 * seed)
 
 
 def grad_cos(mode, seed):
@@ -59,21 +69,46 @@ def cka_end(seed):
 
 
 def forms_contrast(mode, seed):
-    return (0.05 + 0.01 * seed, -0.1 - 0.02 * seed ** 2) if mode == "untied" else (-0.02, -0.02)
+    return (0.05 + 0.01 * seed, -0.1 - 0.02 * seed**2) if mode == "untied" else (-0.02, -0.02)
 
 
-def make_run(path, config: dict, seed: int, final_loss: float, rows: list, entries: list, *, params: dict,
-             choices: dict, tokens_per_s: float = 1000.0, status: str = "completed", error: str | None = None,
-             keep_open: bool = False):
+def make_run(
+    path,
+    config: dict,
+    seed: int,
+    final_loss: float,
+    rows: list,
+    entries: list,
+    *,
+    params: dict,
+    choices: dict,
+    tokens_per_s: float = 1000.0,
+    status: str = "completed",
+    error: str | None = None,
+    keep_open: bool = False,
+):
     """A run directory written through rundir.RunWriter as `tiecli train` writes one: config (with `seed`),
     overrides, a first summary, the metrics rows, the geometry entries, a whole-split val evaluation with
     loss final_loss, then the last summary with `status`. keep_open: return the writer, still holding the
     run's lock (a run being written right now); else the run's path."""
     config = {**config, "seed": seed}
     last = max(rows, key=lambda r: r.step)
-    summary = rundir.Summary(name=path.name, status="running", seed=seed, params=params, max_steps=last.step,
-                             tokens_per_step=last.tokens // max(last.step, 1), step=0, tokens=0, device="cpu", dtype="fp32",
-                             compile=False, versions={"tiecli": "test"}, corpus={"key": "test"}, started="2025-01-01T00:00:00")
+    summary = rundir.Summary(
+        name=path.name,
+        status="running",
+        seed=seed,
+        params=params,
+        max_steps=last.step,
+        tokens_per_step=last.tokens // max(last.step, 1),
+        step=0,
+        tokens=0,
+        device="cpu",
+        dtype="fp32",
+        compile=False,
+        versions={"tiecli": "test"},
+        corpus={"key": "test"},
+        started="2025-01-01T00:00:00",
+    )
     overrides = {"overrides": [f"{k}={v}" for k, v in choices.items()] + [f"seed={seed}"], "choices": choices}
     files = {rundir.CONFIG: yaml.safe_dump(config), rundir.OVERRIDES: yaml.safe_dump(overrides)}
     writer = rundir.RunWriter.create(path, files, summary, b"not a checkpoint: the report never reads one")
@@ -83,8 +118,17 @@ def make_run(path, config: dict, seed: int, final_loss: float, rows: list, entri
         writer.geometry(entry)
     final = rundir.EvalResult("val", last.step, final_loss, math.exp(final_loss), final_loss / 2, 5000, 10000, {})
     writer.eval(final)
-    writer.summary(dataclasses.replace(summary, status=status, error=error, step=last.step, tokens=last.tokens,
-                                       tokens_per_s=tokens_per_s, final_val=final.brief()))
+    writer.summary(
+        dataclasses.replace(
+            summary,
+            status=status,
+            error=error,
+            step=last.step,
+            tokens=last.tokens,
+            tokens_per_s=tokens_per_s,
+            final_val=final.brief(),
+        )
+    )
     if keep_open:
         return writer
     writer.close()
@@ -97,36 +141,93 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
     loss = LOSS[(size, mode)][seed] if loss is None else loss
     name = named or mode
     shape = {k: v for k, v in SIZES[size].items() if k != "non_embedding"}
-    config = {"device": "auto", "dtype": "auto", "compile": False,
-              "model": {"block_size": 128, "dropout": 0.0, "bias": True, **shape},
-              "train": {"max_steps": 20, "max_tokens": None, "batch_size": 8, "lr": 0.003, "eval_interval": 10, "log_interval": 10},
-              "eval": {"buckets": [0.5, 0.9]}, "diag": {"every": 10, "geometry": True},
-              "tying": {"mode": name}, "data": {"name": "shakespeare", "split_seed": 1234},
-              "tokenizer": {"name": "bytes", "vocab_size": V}}
+    config = {
+        "device": "auto",
+        "dtype": "auto",
+        "compile": False,
+        "model": {"block_size": 128, "dropout": 0.0, "bias": True, **shape},
+        "train": {
+            "max_steps": 20,
+            "max_tokens": None,
+            "batch_size": 8,
+            "lr": 0.003,
+            "eval_interval": 10,
+            "log_interval": 10,
+        },
+        "eval": {"buckets": [0.5, 0.9]},
+        "diag": {"every": 10, "geometry": True},
+        "tying": {"mode": name},
+        "data": {"name": "shakespeare", "split_seed": 1234},
+        "tokenizer": {"name": "bytes", "vocab_size": V},
+    }
     cos = grad_cos(mode, seed)
-    rows = [rundir.MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
-            rundir.MetricsRow(step=10, tokens=10 * TOKENS_PER_STEP, lr=0.003, loss=loss + 1.2, val_loss=loss + 1,
-                              diag={"grad_cos": cos[0], "grad_cancel": 0.1}),
-            rundir.MetricsRow(step=20, tokens=20 * TOKENS_PER_STEP, lr=0.003, loss=loss + 0.1, val_loss=loss,
-                              diag={"grad_cos": cos[1], "grad_cancel": 0.2})]
+    rows = [
+        rundir.MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
+        rundir.MetricsRow(
+            step=10,
+            tokens=10 * TOKENS_PER_STEP,
+            lr=0.003,
+            loss=loss + 1.2,
+            val_loss=loss + 1,
+            diag={"grad_cos": cos[0], "grad_cancel": 0.1},
+        ),
+        rundir.MetricsRow(
+            step=20,
+            tokens=20 * TOKENS_PER_STEP,
+            lr=0.003,
+            loss=loss + 0.1,
+            val_loss=loss,
+            diag={"grad_cos": cos[1], "grad_cancel": 0.2},
+        ),
+    ]
     d_in, d_out = drifts(size, mode, seed)
     c_in, c_out = forms_contrast(mode, seed)
     n_embd = SIZES[size]["n_embd"]
 
     def side(drift, contrast):
-        return {"drift": drift, "anisotropy": 0.1, "effective_rank": n_embd / 2, "forms_contrast": contrast,
-                "singular_values": [float(n_embd - i) for i in range(n_embd)]}
+        return {
+            "drift": drift,
+            "anisotropy": 0.1,
+            "effective_rank": n_embd / 2,
+            "forms_contrast": contrast,
+            "singular_values": [float(n_embd - i) for i in range(n_embd)],
+        }
 
     def agreement(cka):
         return None if mode == "tied" else {"row_cosine": 0.01, "cka": cka, "knn_overlap": 0.0, "distance": 1.4}
 
-    entries = [rundir.GeometryEntry(step=0, tied=mode == "tied", n_tokens=V, input=side(0.0, 0.0), output=side(0.0, 0.0), agreement=agreement(0.2)),
-               rundir.GeometryEntry(step=20, tied=mode == "tied", n_tokens=V, input=side(d_in, c_in), output=side(d_out, c_out),
-                                    agreement=agreement(cka_end(seed)))]
-    return make_run(root / f"{size}-{name}-s{seed}", config, seed, loss, rows, entries, params=params(size, mode),
-                    choices={"model": size, "tying": name, "data": "shakespeare", "tokenizer": "bytes"},
-                    tokens_per_s=1000.0 + seed, status=status, keep_open=keep_open,
-                    error="RuntimeError: CUDA out of memory" if status == "failed" else None)
+    entries = [
+        rundir.GeometryEntry(
+            step=0,
+            tied=mode == "tied",
+            n_tokens=V,
+            input=side(0.0, 0.0),
+            output=side(0.0, 0.0),
+            agreement=agreement(0.2),
+        ),
+        rundir.GeometryEntry(
+            step=20,
+            tied=mode == "tied",
+            n_tokens=V,
+            input=side(d_in, c_in),
+            output=side(d_out, c_out),
+            agreement=agreement(cka_end(seed)),
+        ),
+    ]
+    return make_run(
+        root / f"{size}-{name}-s{seed}",
+        config,
+        seed,
+        loss,
+        rows,
+        entries,
+        params=params(size, mode),
+        choices={"model": size, "tying": name, "data": "shakespeare", "tokenizer": "bytes"},
+        tokens_per_s=1000.0 + seed,
+        status=status,
+        keep_open=keep_open,
+        error="RuntimeError: CUDA out of memory" if status == "failed" else None,
+    )
 
 
 @pytest.fixture
@@ -216,14 +317,19 @@ def test_aggregates_differences_and_intervals(sweep):
 
     g = groups["nano tied"]
     mean, low, high = interval(ppl("nano", "tied"))
-    assert g["perplexity_mean"] == pytest.approx(mean) and g["perplexity_low"] == pytest.approx(low) and g["perplexity_high"] == pytest.approx(high)
+    assert (
+        g["perplexity_mean"] == pytest.approx(mean)
+        and g["perplexity_low"] == pytest.approx(low)
+        and g["perplexity_high"] == pytest.approx(high)
+    )
     assert g["loss_sd"] == pytest.approx(statistics.stdev(LOSS[("nano", "tied")]))
     # t(0.975, df=2) = 4.302653: the interval of the paired log-perplexity (loss) difference, written out by hand,
     # then % perplexity 100 (exp(x) - 1) of the mean and of each bound
     diffs = delta_loss("nano")
     half = 4.302653 * statistics.stdev(diffs) / math.sqrt(3)
     assert (g["delta_loss_mean"], g["delta_loss_low"], g["delta_loss_high"]) == pytest.approx(
-        (statistics.fmean(diffs), statistics.fmean(diffs) - half, statistics.fmean(diffs) + half), rel=1e-6)
+        (statistics.fmean(diffs), statistics.fmean(diffs) - half, statistics.fmean(diffs) + half), rel=1e-6
+    )
     assert g["delta_ppl_pct_mean"] == pytest.approx(as_ppl(statistics.fmean(diffs)))
     assert g["delta_ppl_pct_low"] == pytest.approx(as_ppl(statistics.fmean(diffs) - half), rel=1e-6)
     assert g["delta_ppl_pct_high"] == pytest.approx(as_ppl(statistics.fmean(diffs) + half), rel=1e-6)
@@ -241,7 +347,9 @@ def test_aggregates_differences_and_intervals(sweep):
     assert g["steps_to_target_mean"] == pytest.approx(statistics.fmean(tied_steps))
     assert g["tokens_to_target_mean"] == pytest.approx(statistics.fmean(tied_steps) * TOKENS_PER_STEP)
     mean, low, high = interval(pct(tied_steps, untied_steps))
-    assert (g["delta_steps_pct_mean"], g["delta_steps_pct_low"], g["delta_steps_pct_high"]) == pytest.approx((mean, low, high))
+    assert (g["delta_steps_pct_mean"], g["delta_steps_pct_low"], g["delta_steps_pct_high"]) == pytest.approx(
+        (mean, low, high)
+    )
     assert g["baseline_steps_to_target_mean"] == pytest.approx(statistics.fmean(untied_steps))
     assert groups["nano untied"]["target_loss"] is None  # a baseline has a target per pair it is in, not one of its own
 
@@ -258,15 +366,26 @@ def test_equal_parameter_view(sweep):
     base = [(1 - w) * a + w * b for a, b in zip(LOSS[("nano", "untied")], LOSS[("micro", "untied")])]
     mean, low, high = interval([t - b for t, b in zip(LOSS[("micro", "tied")], base)])
     g = groups["micro tied"]
-    assert (g["equal_params_delta_loss_mean"], g["equal_params_delta_loss_low"], g["equal_params_delta_loss_high"]) == pytest.approx((mean, low, high))
-    assert (g["equal_params_delta_ppl_pct_mean"], g["equal_params_delta_ppl_pct_low"], g["equal_params_delta_ppl_pct_high"]) == pytest.approx(
-        (as_ppl(mean), as_ppl(low), as_ppl(high)))
+    assert (
+        g["equal_params_delta_loss_mean"],
+        g["equal_params_delta_loss_low"],
+        g["equal_params_delta_loss_high"],
+    ) == pytest.approx((mean, low, high))
+    assert (
+        g["equal_params_delta_ppl_pct_mean"],
+        g["equal_params_delta_ppl_pct_low"],
+        g["equal_params_delta_ppl_pct_high"],
+    ) == pytest.approx((as_ppl(mean), as_ppl(low), as_ppl(high)))
     assert g["equal_params_base_perplexity_mean"] == pytest.approx(statistics.fmean(math.exp(b) for b in base))
     # nano tied has fewer parameters than any untied model: nothing to interpolate from
     assert groups["nano tied"]["equal_params_delta_ppl_pct_mean"] is None
     assert "outside" in groups["nano tied"]["equal_params_note"]
     report = (sweep / "out" / "report.md").read_text()
-    assert "Validation at equal total parameters (smaller body)" in report and "Validation at equal architecture" in report and "n/a" in report
+    assert (
+        "Validation at equal total parameters (smaller body)" in report
+        and "Validation at equal architecture" in report
+        and "n/a" in report
+    )
 
 
 def test_claim_verdicts_follow_the_stated_rules(sweep):
@@ -280,17 +399,28 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
         steps = {mode: [steps_to(target, x) for x in LOSS[(size, mode)]] for mode in ("tied", "untied")}
         expected |= {
             ("C6", f"{size} tied"): (delta_loss(size), -1, margin["ppl"]),
-            ("R4", f"{size} tied"): ([statistics.fmean(grad_cos("tied", s)) - statistics.fmean(grad_cos("untied", s)) for s in range(3)],
-                                     -1, margin["cos"]),
-            ("R3", f"{size} untied"): ([a - b for a, b in map(lambda s: forms_contrast("untied", s), range(3))], +1, margin["cos"]),
+            ("R4", f"{size} tied"): (
+                [statistics.fmean(grad_cos("tied", s)) - statistics.fmean(grad_cos("untied", s)) for s in range(3)],
+                -1,
+                margin["cos"],
+            ),
+            ("R3", f"{size} untied"): (
+                [a - b for a, b in (forms_contrast("untied", s) for s in range(3))],
+                +1,
+                margin["cos"],
+            ),
             ("C2/C7", f"{size} untied"): ([cka_end(s) - 0.2 for s in range(3)], -1, margin["cka"]),
             ("R6", f"{size} tied"): (pct(steps["tied"], steps["untied"]), +1, None),
         }
     for key, (values, direction, sesoi) in expected.items():
         row = claims[key]
-        assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(interval(values)), key
+        assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(
+            interval(values)
+        ), key
         assert row["p"] == pytest.approx(stats.ttest_1samp(values, 0).pvalue) and row["direction"] == direction, key
-        assert (row["p_equiv"], row["sesoi"]) == ((pytest.approx(tost(values, sesoi)), pytest.approx(sesoi)) if sesoi else (None, None)), key
+        assert (row["p_equiv"], row["sesoi"]) == (
+            (pytest.approx(tost(values, sesoi)), pytest.approx(sesoi)) if sesoi else (None, None)
+        ), key
 
     # R5/C6 (trend): the slope of the per-seed Δloss against log10 non-embedding parameters, by hand
     points = [(math.log10(SIZES[size]["non_embedding"]), d) for size in SIZES for d in delta_loss(size)]
@@ -301,7 +431,9 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
     se = math.sqrt(sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / (len(points) - 2) / sxx)
     half = stats.t.ppf(0.975, len(points) - 2) * se
     trend = claims[("R5/C6 (trend)", "nano tied -> micro tied")]
-    assert (trend["interval"]["mean"], trend["interval"]["low"], trend["interval"]["high"]) == pytest.approx((slope, slope - half, slope + half))
+    assert (trend["interval"]["mean"], trend["interval"]["low"], trend["interval"]["high"]) == pytest.approx(
+        (slope, slope - half, slope + half)
+    )
     assert trend["p"] == pytest.approx(2 * stats.t.sf(abs(slope / se), len(points) - 2)) and trend["p_equiv"] is None
 
     # Holm-Bonferroni over the report's tested rows, once for the tests against 0 and once for the equivalence tests;
@@ -321,8 +453,11 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
     assert (part["p_holm"], part["verdict"]) == (c6["p_holm"], c6["verdict"])
     combined = claims[("R5/C6", "nano tied -> micro tied")]
     verdicts = {part["verdict"], trend["verdict"]}
-    assert combined["verdict"] == ("supported" if verdicts == {"supported"} else
-                                   next((v for v in ("contradicted", "negligible", "equivalent") if v in verdicts), "inconclusive"))
+    assert combined["verdict"] == (
+        "supported"
+        if verdicts == {"supported"}
+        else next((v for v in ("contradicted", "negligible", "equivalent") if v in verdicts), "inconclusive")
+    )
     assert "Holm" in data["rules"]["multiple comparisons"] and "on" in data["rules"]["multiple comparisons"]
 
     for size in SIZES:
@@ -330,7 +465,9 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
         share = saved / params(size, "untied")["total"]
         assert claims[("C1", f"{size} tied")]["verdict"] == ("supported" if 0.15 <= share <= 0.30 else "contradicted")
         n_embd = SIZES[size]["n_embd"]
-        assert claims[("R2", f"{size} tied")]["verdict"] == ("supported" if saved > 4 * n_embd * n_embd else "contradicted")
+        assert claims[("R2", f"{size} tied")]["verdict"] == (
+            "supported" if saved > 4 * n_embd * n_embd else "contradicted"
+        )
     for claim in ("R5", "R5/C2 gap"):
         (row,) = [c for (name, _), c in claims.items() if name == claim]
         assert row["verdict"].startswith("no data: needs ") and row["p"] is None
@@ -342,14 +479,17 @@ def test_one_seed_verdicts_are_inconclusive_and_say_why(tmp_path):
             write_run(tmp_path / "runs", size, mode, 0)
     result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
-    data, groups, claims = results(tmp_path / "out")
+    _, groups, claims = results(tmp_path / "out")
     for (claim, _), row in claims.items():
-        if claim not in ("R2", "C1", "R5/C6") and not row["verdict"].startswith("no data"):  # counts do not depend on the seed
+        if claim not in ("R2", "C1", "R5/C6") and not row["verdict"].startswith(
+            "no data"
+        ):  # counts do not depend on the seed
             assert row["verdict"] == "inconclusive" and "seed" in row["why"] and row["p"] is None, row
     assert claims[("R5/C6", "nano tied -> micro tied")]["verdict"] == "inconclusive"
     assert claims[("C6", "nano tied")]["why"] == "one seed: no spread, so no interval and no test"
     assert groups["nano tied"]["perplexity_low"] is None and groups["nano tied"]["delta_ppl_pct_mean"] == pytest.approx(
-        100 * (math.exp(LOSS[("nano", "tied")][0]) / math.exp(LOSS[("nano", "untied")][0]) - 1))
+        100 * (math.exp(LOSS[("nano", "tied")][0]) / math.exp(LOSS[("nano", "untied")][0]) - 1)
+    )
 
 
 def test_every_output_file_exists_and_the_figures_are_png(sweep):
@@ -390,12 +530,19 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
     assert result.exit_code == 0, result.output
     data, groups, _ = results(sweep.parent / "out")
     reasons = {s["path"].split("/")[-1]: s["reason"] for s in data["skipped"]}
-    assert reasons == {"nano-tied-s0": "summary.json does not exist", "nano-tied-s1": "summary.json is unreadable (JSONDecodeError)",
-                       "nano-tied-s2": "status failed: RuntimeError: CUDA out of memory", "micro-tied-s0": "status running",
-                       "micro-untied-s0": "status interrupted", "micro-tied-s1": "eval.json is unreadable (JSONDecodeError)",
-                       "micro-tied-s2": f"summary.json has format {rundir.FORMAT + 1}, newer than this tiecli reads "
-                                        f"({rundir.FORMAT}); upgrade tiecli to read it"}
-    assert len(data["runs"]) == 12 and groups["nano tied"]["n_seeds"] == 3  # the sweep's runs, untouched by the broken ones
+    assert reasons == {
+        "nano-tied-s0": "summary.json does not exist",
+        "nano-tied-s1": "summary.json is unreadable (JSONDecodeError)",
+        "nano-tied-s2": "status failed: RuntimeError: CUDA out of memory",
+        "micro-tied-s0": "status running",
+        "micro-untied-s0": "status interrupted",
+        "micro-tied-s1": "eval.json is unreadable (JSONDecodeError)",
+        "micro-tied-s2": f"summary.json has format {rundir.FORMAT + 1}, newer than this tiecli reads "
+        f"({rundir.FORMAT}); upgrade tiecli to read it",
+    }
+    assert (
+        len(data["runs"]) == 12 and groups["nano tied"]["n_seeds"] == 3
+    )  # the sweep's runs, untouched by the broken ones
     assert "Skipped run directories" in (sweep.parent / "out" / "report.md").read_text()
 
 
@@ -490,7 +637,7 @@ def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
         "model=huge": "no run has model=huge; model values present: micro, nano",
         "train.lr=0.1": "no run has train.lr=0.1; train.lr values present: 0.003",
         "foo=bar": "no run has a setting 'foo' (--baseline foo=bar); config groups: model, tying, data, tokenizer; "
-                   "keys that differ between the runs: model.n_embd, model.n_layer, tying.mode",
+        "keys that differ between the runs: model.n_embd, model.n_layer, tying.mode",
         "device=cpu": "--baseline device=cpu: runs are not grouped by device (it does not change what a run learns)",
     }
     for baseline, message in expected.items():
@@ -498,7 +645,9 @@ def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
         assert result.exit_code == 1, result.output
         assert result.output.strip() == f"error: {message}", result.output
     assert not (sweep.parent / "out").exists()
-    assert tiecli("report", sweep, "--baseline", "train.lr=3e-3", "--out", sweep.parent / "out").exit_code == 0  # numbers compare as numbers
+    assert (
+        tiecli("report", sweep, "--baseline", "train.lr=3e-3", "--out", sweep.parent / "out").exit_code == 0
+    )  # numbers compare as numbers
 
 
 def test_without_untied_runs_the_default_baseline_is_no_error(tmp_path):
@@ -516,7 +665,10 @@ def test_out_must_be_a_folder_before_anything_is_read(sweep, monkeypatch):
 
     (sweep.parent / "taken").write_text("a file")
     monkeypatch.setattr(load, "load_runs", never)
-    for out, message in ((sweep.parent / "taken", "is a file, not a folder"), (sweep.parent / "taken" / "sub", "is a file")):
+    for out, message in (
+        (sweep.parent / "taken", "is a file, not a folder"),
+        (sweep.parent / "taken" / "sub", "is a file"),
+    ):
         result = tiecli("report", sweep, "--out", out)
         assert result.exit_code == 1, result.output
         assert result.output.startswith("error: --out") and message in result.output, result.output
@@ -534,21 +686,32 @@ def test_claims_compare_any_two_tying_modes(tmp_path):
     assert not skipped and not twins and len(groups) == 4
     rows = {(c.claim, c.comparison): c for c in report_claims.claims(groups, tied="scaled", untied="untied_init")}
     _, low, high = interval(delta_loss("nano"))
-    assert rows[("C6", "nano scaled")].interval.low == pytest.approx(low) and rows[("C6", "nano scaled")].interval.high == pytest.approx(high)
+    assert rows[("C6", "nano scaled")].interval.low == pytest.approx(low) and rows[
+        ("C6", "nano scaled")
+    ].interval.high == pytest.approx(high)
     assert rows[("R4", "micro scaled")].verdict == "supported"
     assert ("C2/C7", "micro untied_init") in rows
     default = report_claims.claims(groups)  # tied vs untied: no such runs here, and the rows say so
     assert all(c.verdict.startswith("no data: needs tied") for c in default if c.claim not in ("R3", "C2/C7"))
-    assert {c.verdict for c in default if c.claim == "R3"} == {"no data: needs untied runs with geometry and related-form pairs found"}
-    assert {c.comparison for c in default if c.claim == "C2/C7"} == {"nano untied_init", "micro untied_init"}  # untied_init: no tie either
+    assert {c.verdict for c in default if c.claim == "R3"} == {
+        "no data: needs untied runs with geometry and related-form pairs found"
+    }
+    assert {c.comparison for c in default if c.claim == "C2/C7"} == {
+        "nano untied_init",
+        "micro untied_init",
+    }  # untied_init: no tie either
 
 
 def test_the_report_never_imports_torch(sweep, tmp_path):
-    script = ("import io, sys; from pathlib import Path; from rich.console import Console; from tiecli.report import report, runs_table; "
-              f"report([Path({str(sweep)!r})], 'tying=untied', Path({str(tmp_path / 'out')!r}), Console(file=io.StringIO())); "
-              f"Console(file=io.StringIO()).print(runs_table(Path({str(sweep)!r}))); print('torch' in sys.modules)")
+    script = (
+        "import io, sys; from pathlib import Path; from rich.console import Console; from tiecli.report import report, runs_table; "
+        f"report([Path({str(sweep)!r})], 'tying=untied', Path({str(tmp_path / 'out')!r}), Console(file=io.StringIO())); "
+        f"Console(file=io.StringIO()).print(runs_table(Path({str(sweep)!r}))); print('torch' in sys.modules)"
+    )
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
     assert (tmp_path / "out" / "results.json").is_file()

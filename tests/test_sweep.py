@@ -1,17 +1,21 @@
 """`tiecli sweep` driven as a user drives it: dry runs for the grid, real sweeps of tiny jobs for the rest."""
 
+import io
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+from conftest import TINY
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import TINY
-from tiecli import rundir, sweep
+from tiecli import config, rundir, sweep
 from tiecli.cli import app
 
 runner = CliRunner()
@@ -26,7 +30,7 @@ def dry_run(*args) -> list[list[str]]:
     """Each job's overrides, in the order the dry run lists them."""
     result = tiecli("sweep", *args, "--dry-run")
     assert result.exit_code == 0, result.output
-    return [line.split("]: ", 1)[1].split() for line in result.output.splitlines()[1:]]
+    return [line.split("]: ", 1)[1].split() for line in result.output.splitlines() if "]: " in line]
 
 
 def one_line_error(result, code, text):
@@ -53,15 +57,21 @@ def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
 
 def test_studies_and_overrides_on_top(isolated):
     result = tiecli("sweep", "study=tying_vs_size", "--dry-run")
-    assert result.exit_code == 0 and result.output.startswith("sweep 'tying_vs_size': 18 job(s), model (3) x tying (2) x seed (3)")
-    assert "runs/sweeps/tying_vs_size/nano-untied-bpe4096-shakespeare-s0," in result.output
+    assert result.exit_code == 0 and result.output.startswith(
+        "sweep 'tying_vs_size': 18 job(s), model (3) x tying (2) x seed (3)"
+    )
+    assert "runs/sweeps/tying_vs_size/nano-untied-bpe4096-shakespeare-s0" in result.output
     jobs = dry_run("study=tying_vs_size", "model=micro", "seed=5")  # the model axis and the seeds replaced
     assert [j[:3] for j in jobs] == [["model=micro", "tying=untied", "seed=5"], ["model=micro", "tying=tied", "seed=5"]]
     assert all(any(o.startswith("train.max_tokens=") for o in j) for j in jobs)
     modes = {o for j in dry_run("study=tying_modes") for o in j if o.startswith("tying=")}
-    assert modes == {f"tying={m}" for m in ("untied", "tied", "tied_bias", "scaled", "partial", "hybrid", "untied_init")}
+    assert modes == {
+        f"tying={m}" for m in ("untied", "tied", "tied_bias", "scaled", "partial", "hybrid", "untied_init")
+    }
     Path("mine/study").mkdir(parents=True)
-    Path("mine/study/quick.yaml").write_text("# tiecli sweep study=quick --config-dir mine\naxes:\n  seed: range(0,2)\nfixed:\n  model: nano\n")
+    Path("mine/study/quick.yaml").write_text(
+        "# tiecli sweep study=quick --config-dir mine\naxes:\n  seed: range(0,2)\nfixed:\n  model: nano\n"
+    )
     assert dry_run("study=quick", "--config-dir", "mine") == [["seed=0", "model=nano"], ["seed=1", "model=nano"]]
     assert not Path("runs").exists()
 
@@ -81,7 +91,11 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert result.exit_code == 1, result.output
     folder = isolated / "runs" / "sweeps" / "files"
     manifest = json.loads((folder / sweep.MANIFEST).read_text())
-    assert manifest["name"] == "files" and manifest["axes"] == {"data.path": ["good.txt", "missing.txt"]} and "pid" not in manifest
+    assert (
+        manifest["name"] == "files"
+        and manifest["axes"] == {"data.path": ["good.txt", "missing.txt"]}
+        and "pid" not in manifest
+    )
     assert "data=textfile" in manifest["fixed"] and manifest["command"].startswith("tiecli sweep model=nano")
     good, missing = manifest["jobs"]
     assert good["state"] == "completed" and good["exit_code"] == 0 and good["attempts"] == 1 and good["error"] is None
@@ -93,7 +107,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert "1 completed, 1 failed" in result.output
 
     out = Console(record=True, width=400)
-    out.print(sweep.jobs_table(rundir.read_manifest(folder / sweep.MANIFEST).jobs, folder, {}))
+    out.print(sweep.jobs_table(rundir.read_manifest(folder / sweep.MANIFEST).jobs, sweep.Watch(folder)))
     good_row, missing_row = [line for line in out.export_text().splitlines() if "textfile_" in line]
     assert "completed" in good_row and "12/12" in good_row and "failed" in missing_row
 
@@ -107,16 +121,35 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert (folder / good["run_dir"] / rundir.SUMMARY).read_bytes() == summary
 
     # the same name with fewer jobs is refused; with more, the new ones join the completed ones
-    one_line_error(tiecli("sweep", *TINY, "data=textfile", "data.path=good.txt", "--name", "files"), 1, "already has 1 job(s) this command leaves out")
-    result = tiecli("sweep", *TINY, "data=textfile", "data.path=good.txt,missing.txt,other.txt", "--name", "files", "--dry-run")
-    assert [line.split(" [")[1].split("]")[0] for line in result.output.splitlines()[1:]] == ["completed, skip", "completed, skip", "new"]
+    one_line_error(
+        tiecli("sweep", *TINY, "data=textfile", "data.path=good.txt", "--name", "files"),
+        1,
+        "already has 1 job(s) this command leaves out",
+    )
+    result = tiecli(
+        "sweep", *TINY, "data=textfile", "data.path=good.txt,missing.txt,other.txt", "--name", "files", "--dry-run"
+    )
+    actions = [line.split(" [")[1].split("]")[0] for line in result.output.splitlines() if "]: " in line]
+    assert actions == ["completed, skip", "completed, skip", "new"]
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
     # a short job that completes, a long one to interrupt, and one that is still pending then
-    args = ["sweep", *[o for o in TINY if not o.startswith("train.max_steps=")], "train.max_steps=12,200,13", "--name", "stop"]
+    args = [
+        "sweep",
+        *[o for o in TINY if not o.startswith("train.max_steps=")],
+        "train.max_steps=12,200,13",
+        "--name",
+        "stop",
+    ]
     manifest_path = isolated / "runs" / "sweeps" / "stop" / sweep.MANIFEST
-    proc = subprocess.Popen([sys.executable, "-m", "tiecli", *args], cwd=isolated, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiecli", *args],
+        cwd=isolated,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # signal once the second job has taken a few steps
         jobs = json.loads(manifest_path.read_text())["jobs"] if manifest_path.exists() else []
@@ -142,3 +175,146 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
     assert (manifest_path.parent / first["run_dir"] / rundir.SUMMARY).read_bytes() == summary
     log = (manifest_path.parent / second["log"]).read_text()
     assert "# attempt 2" in log and "--resume" in log and f"from step {stopped['step']}" in log
+
+
+def test_without_a_terminal_each_running_job_gets_a_progress_line_at_a_steady_rhythm():
+    jobs = [rundir.SweepJob(name=f"job{i}", overrides=[], run_dir=f"job{i}", log=f"logs/job{i}.log") for i in range(3)]
+    for job in jobs[1:]:
+        job.state, job.attempts = "running", 1
+    shown = {job.name: {"step": 0, "max_steps": 500, "loss": None, "val_loss": None, "eta": None} for job in jobs}
+    clock = [0.0]
+    out = io.StringIO()
+    plain = sweep.PlainProgress(
+        Console(file=out, width=300),
+        SimpleNamespace(progress=lambda job: shown[job.name]),
+        jobs,
+        every=30,
+        clock=lambda: clock[0],
+    )
+
+    def tick_at(seconds, **job1):
+        clock[0] = seconds
+        shown["job1"].update(job1)
+        plain.tick(jobs[1:])
+
+    tick_at(0)
+    tick_at(10, step=120, loss=4.1234, val_loss=4.5, eta=190.4)  # a step, but 30 s have not passed
+    tick_at(30)
+    tick_at(45, step=130)
+    tick_at(60)
+    tick_at(90)  # no new step: no line
+    assert out.getvalue().splitlines() == [
+        "[2/3] job1: step 120/500 loss 4.123 val 4.5 ETA 3m10s",
+        "[2/3] job1: step 130/500 loss 4.123 val 4.5 ETA 3m10s",
+    ]
+
+
+def test_a_sweep_in_a_log_file_prints_progress_lines(isolated):
+    args = [*[o for o in TINY if not o.startswith("train.max_steps=")], "train.max_steps=60", "seed=0,1"]
+    folder, manifest, _ = sweep.plan(args, None, Path("runs"), "plain")
+    out = io.StringIO()
+    assert sweep.run(folder, manifest, 2, Console(file=out, width=300), every=0) == 0
+    pattern = re.compile(r"\[([12])/2\] (\S+): step (\d+)/60 loss \S+ val \S+ ETA \S+")
+    lines = [m for m in map(pattern.fullmatch, out.getvalue().splitlines()) if m]
+    assert lines, out.getvalue()
+    for number in "12":
+        mine = [m for m in lines if m[1] == number]
+        steps = [int(m[3]) for m in mine]
+        assert steps == sorted(set(steps)) and {m[2] for m in mine} <= {manifest.jobs[int(number) - 1].name}
+
+
+def test_the_eta_counts_down_between_logged_steps(monkeypatch):
+    assert sweep.eta([(10, 100.0), (20, 110.0)], 100, 110.0) == 80  # 1 s a step, 80 steps left
+    assert sweep.eta([(10, 100.0), (20, 110.0)], 100, 115.0) == 75
+    assert sweep.eta([(10, 100.0), (20, 110.0)], 100, 500.0) == 0
+    assert sweep.eta([(10, 100.0)], 100, 110.0) is None and sweep.eta([(10, 100.0), (10, 105.0)], 100, 110.0) is None
+
+    job = rundir.SweepJob(name="job", overrides=[], run_dir="job", log="logs/job.log", state="running", attempts=1)
+    files = {"step": 0, "max_steps": 100, "loss": None, "val_loss": None, "start": (0, 0.0), "eta": None}
+    monkeypatch.setattr(sweep, "progress", lambda run_dir: dict(files))
+    clock = [0.0]
+    watch = sweep.Watch(Path("runs"), clock=lambda: clock[0])
+
+    def eta_at(seconds, step):
+        clock[0], files["step"] = seconds, step
+        return watch.progress(job)["eta"]
+
+    assert eta_at(5, 0) is None  # nothing logged yet
+    assert eta_at(10, 10) == 90  # from the attempt's start: 1 s a step
+    assert [eta_at(12, 10), eta_at(15, 10)] == [88, 85]  # no new line: counting down
+    assert eta_at(20, 20) == 80  # from the logged steps seen: (10, 10 s) to (20, 20 s)
+    assert eta_at(40, 30) == 105  # slower: 1.5 s a step over (10, 10 s) to (30, 40 s)
+    assert eta_at(50, 30) == 95
+
+
+def test_default_names_are_shell_safe_short_and_unique(isolated):
+    modes = ["hybrid", "partial", "scaled", "tied", "tied_bias", "untied"]
+    cases = [
+        ("tying_vs_size", []),
+        ("tying_vs_size", [("model", ["micro"])]),
+        ("tying_vs_size", [("model", ["tiny"])]),
+        ("tying_vs_size", [("seed", ["0", "1", "2", "3"])]),
+        (None, []),
+        (None, [("model", ["nano", "micro"]), ("seed", ["0", "1", "2"])]),
+        (None, [("tying", modes), ("seed", ["0", "1", "2"])]),
+        (None, [("tying", modes[:-1]), ("seed", ["0", "1", "2"])]),
+        (None, [("seed", ["0", "1"]), ("train.lr", ["1e-3"])]),
+        (None, [("seed", ["0", "1"]), ("train.lr", ["3e-3"])]),
+        (None, [("data.path", ["a/x.txt", "b/x.txt"])]),
+        (None, [("data.path", ["a_x.txt", "b_x.txt"])]),
+        (None, [("train.seed", ["0", "1"]), ("seed", ["0", "1"])]),
+        (None, [(f"train.key{i}", ["1", "2"]) for i in range(30)]),
+    ]
+    names = [sweep.default_name(study, axes) for study, axes in cases]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]{1,40}", n) for n in names), names
+    assert len(set(names)) == len(names), names
+    assert [names[0], names[3], names[4], names[5]] == [
+        "tying_vs_size",
+        "tying_vs_size_seed-0-1-2-3",
+        "sweep",
+        "model-nano-micro_seed-0-1-2",
+    ]
+    assert re.fullmatch(r"tying_vs_size-model-[0-9a-f]{8}", names[1])  # a fixed value is not in the name: hashed
+    assert re.fullmatch(r"tying-seed-[0-9a-f]{8}", names[6])  # too long to spell out
+
+    result = tiecli("sweep", "tying=glob(*,exclude=untied_init)", "seed=range(0,3)", "--dry-run")
+    assert result.output.startswith(f"sweep '{names[6]}': 18 job(s)"), result.output
+    assert tiecli("sweep", "seed=range(0,2)", "--dry-run").output.startswith("sweep 'seed-0-1': ")  # as seed=0,1
+    for bad in ("x,seed=(0+1)", "two words", "a/b"):
+        one_line_error(tiecli("sweep", "seed=0,1", "--name", bad), 2, f"--name {bad!r} may only hold letters, digits")
+    assert not Path("runs").exists()
+
+
+def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
+    grid = ["tying=tied,untied", "train.evals=4", "train.warmup_fraction=0.25", "diag.max_snapshots=3"]
+    result = tiecli("sweep", *TINY, *grid, "--dry-run")
+    assert result.exit_code == 0, result.output
+    C, L, T, V = 64, 2, 32, 256  # nano at block_size 32 on byte tokens
+    body = L * (12 * C * C + 13 * C) + 2 * C + T * C  # blocks (attention, MLP, LayerNorms), last LayerNorm, positions
+    size = sweep.size_text
+    expected, disk = [], 0
+    for params, matrices in ((body + V * C, 1), (body + 2 * V * C, 2)):  # tied: one token matrix, untied: two
+        checkpoint = params * 4 * 3  # fp32 weights and AdamW's two moments
+        snapshots = 3 * matrices * V * C * 4  # 5 geometry steps (0 and 4 evaluations), at most 3 kept
+        disk += checkpoint + snapshots
+        expected.append(
+            f"  12 steps, 1,536 tokens, 4 evaluations, 3 warmup steps; {params:,} parameters; "
+            f"disk {size(checkpoint + snapshots)} (checkpoint {size(checkpoint)}, "
+            f"3 snapshots {size(snapshots)})"
+        )
+    lines = result.output.splitlines()
+    assert [lines[2], lines[4]] == expected
+    assert lines[5] == f"total: 2 job(s), 24 steps, 3,072 tokens, disk {size(disk)}"
+    no_snapshots = tiecli("sweep", *TINY, "seed=0,1", "diag.snapshots=false", "--dry-run").output.splitlines()
+    assert no_snapshots[2].endswith(f"(checkpoint {size((body + V * C) * 12)}, 0 snapshots 0 B)"), no_snapshots
+    assert [size(999), size(1536), size(2**20 - 1), size(3 * 2**40)] == ["999 B", "1.5 KiB", "1.0 MiB", "3.0 TiB"]
+
+
+@pytest.mark.parametrize("path", sorted((config.default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_study_expands_and_documents_itself(isolated, path):
+    result = tiecli("sweep", f"study={path.stem}", "--dry-run")
+    assert result.exit_code == 0 and result.output.splitlines()[-1].startswith("total: "), result.output
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith(f"# tiecli sweep study={path.stem}")
+    undocumented = [line for line in lines if re.match(r"\s*[\w.]+:", line) and "#" not in line]
+    assert not undocumented, undocumented

@@ -1,11 +1,10 @@
-import dataclasses
 import os
 import signal
 
 import pytest
 import torch
-
 from conftest import TINY
+
 from tiecli import config, rundir, train
 from tiecli.errors import TiecliError
 
@@ -14,7 +13,9 @@ GET_BATCH, EVALUATE = train.get_batch, train.evaluate
 
 
 def setup(*overrides):
-    cfg, choices = config.compose([*TINY, *overrides])
+    """TINY with the overrides (which replace TINY's values of the same keys): the Config and the run's files."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    cfg, choices = config.compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
     files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: "overrides: []\n"}
     return config.to_config(cfg), files
 
@@ -38,10 +39,15 @@ def test_a_run_writes_a_self_describing_directory(tmp_path):
     assert [r["step"] for r in rows] == [0, 3, 6, 9, 10, 12]  # every log_interval, plus diag.every=10
     assert "grad_cos" in rows[4] and "grad_cos" not in rows[3]
     assert {"loss", "lr", "grad_norm", "tokens_per_s", "tokens"} <= rows[1].keys()
-    assert [r["step"] for r in rows if "val_loss" in r] == [0, 6, 12]
-    assert rows[-1]["val_loss"] < rows[0]["val_loss"]
+    assert (
+        [r["step"] for r in rows if "val_loss" in r]
+        == [r["step"] for r in rows if "train_eval_loss" in r]
+        == [0, 6, 12]
+    )
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"] and rows[-1]["train_eval_loss"] < rows[0]["train_eval_loss"]
     evals = rundir.RunReader(run).evals()
-    assert evals["val"].step == 12 and summary.final_val["loss"] == evals["val"].loss
+    assert set(evals) == {"val", "train", "test"} and {e.step for e in evals.values()} == {12}
+    assert summary.final_val["loss"] == evals["val"].loss
     assert (run / rundir.CHECKPOINT).is_file() and (run / rundir.INIT_CHECKPOINT).is_file()
 
 
@@ -85,8 +91,12 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
 
 def test_stop_before_the_first_step_checkpoints_and_resumes_cleanly(tmp_path, monkeypatch):
     cfg, files = setup()
-    def evaluate_then_ctrl_c(*args, **kwargs):  # Ctrl-C arrives during the step-0 evaluation
-        os.kill(os.getpid(), signal.SIGINT)
+    calls = {"n": 0}
+
+    def evaluate_then_ctrl_c(*args, **kwargs):  # one Ctrl-C arrives during the step-0 evaluation
+        calls["n"] += 1
+        if calls["n"] == 1:
+            os.kill(os.getpid(), signal.SIGINT)
         return EVALUATE(*args, **kwargs)
 
     monkeypatch.setattr(train, "evaluate", evaluate_then_ctrl_c)
@@ -141,11 +151,17 @@ def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
 
 
 def test_learning_rate_schedule():
-    t = dataclasses.replace(setup()[0].train, lr=1.0, min_lr=0.1, warmup_steps=10)
-    assert train.lr_at(0, t, 110) == pytest.approx(0.1)
-    assert train.lr_at(9, t, 110) == pytest.approx(1.0)
-    assert train.lr_at(60, t, 110) == pytest.approx(0.55)
-    assert train.lr_at(110, t, 110) == pytest.approx(0.1)
+    c, _ = setup("train.max_steps=110", "train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10")
+    assert train.lr_at(0, c) == pytest.approx(0.1)
+    assert train.lr_at(9, c) == pytest.approx(1.0)
+    assert train.lr_at(60, c) == pytest.approx(0.55)
+    assert train.lr_at(110, c) == pytest.approx(0.1)
+    by_fraction, _ = setup("train.max_steps=200", "train.lr=1.0", "train.warmup_fraction=0.1")
+    assert (
+        by_fraction.warmup == 20
+        and train.lr_at(9, by_fraction) == pytest.approx(0.5)
+        and train.lr_at(19, by_fraction) == 1.0
+    )
 
 
 def test_embeddings_can_be_exempt_from_weight_decay():
@@ -160,3 +176,85 @@ def test_embeddings_can_be_exempt_from_weight_decay():
     assert id(model.emb.wte) in with_emb and id(model.emb.wte) not in without
     assert id(model.h[0].attn.c_attn.weight) in without
     assert all(p.dim() >= 2 for p in model.parameters() if id(p) in with_emb)
+
+
+def groups(opt, model):
+    """Each parameter's (lr_scale, weight_decay), by name."""
+    where = {id(p): (g["lr_scale"], g["weight_decay"]) for g in opt.param_groups for p in g["params"]}
+    return {name: where[id(p)] for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["untied", "tied", "tied_bias", "partial", "hybrid"])
+def test_token_matrices_get_their_own_learning_rates(mode):
+    from tiecli.model import GPT
+
+    cfg, _ = setup(f"tying={mode}", "train.lr=0.002", "train.lr_embedding=0.02", "train.lr_output=0.0005")
+    model = GPT(cfg.model)
+    by_name = groups(train.make_optimizer(model, cfg.train, torch.device("cpu")), model)
+    roles = model.emb.roles
+    for name, (scale, _) in by_name.items():
+        role = roles.get(name.removeprefix("emb.")) if name.startswith("emb.") else None
+        # the input side, and a shared matrix (the input embedding too), at lr_embedding; the output side at lr_output
+        expected = {"input": 10.0, "shared": 10.0, "output": 0.25}.get(role, 1.0)
+        assert scale == pytest.approx(expected), name
+    assert by_name["wpe.weight"][0] == 1.0 and by_name["h.0.attn.c_attn.weight"] == (1.0, 0.1)
+    assert by_name["h.0.attn.c_attn.bias"] == (1.0, 0.0)
+
+
+def test_default_learning_rates_keep_two_groups_and_the_loop_scales_the_schedule(tmp_path):
+    from tiecli.model import GPT
+
+    cfg, _ = setup("tying=untied")
+    model = GPT(cfg.model)
+    opt = train.make_optimizer(model, cfg.train, torch.device("cpu"))
+    assert [(g["weight_decay"], g["lr_scale"]) for g in opt.param_groups] == [(0.1, 1.0), (0.0, 1.0)]
+
+    cfg, files = setup("tying=untied", "train.lr_embedding=0.03", "train.lr_output=0.001")
+    train.train(cfg, tmp_path / "run", False, files)
+    saved = torch.load(tmp_path / "run" / rundir.CHECKPOINT, weights_only=True)["optimizer"]["param_groups"]
+    last = train.lr_at(cfg.max_steps - 1, cfg)  # the rate of the last step
+    assert sorted(g["lr"] / last for g in saved) == pytest.approx(sorted(g["lr_scale"] for g in saved))
+    assert sorted({g["lr_scale"] for g in saved}) == pytest.approx([1 / 3, 1.0, 10.0])
+
+
+def test_evaluations_spread_over_the_run_and_snapshots_thinned(tmp_path):
+    cfg, files = setup("train.evals=6", "diag.max_snapshots=3", "eval.test=false")
+    train.train(cfg, tmp_path / "run", False, files)
+    run = tmp_path / "run"
+    rows = metrics(run)
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 2, 4, 6, 8, 10, 12]
+    assert all("train_eval_loss" in r for r in rows if "val_loss" in r)
+    assert [e["step"] for e in geometry(run)] == [0, 2, 4, 6, 8, 10, 12]
+    assert rundir.RunReader(run).snapshot_steps() == [0, 6, 12]  # 3 of 7, evenly: the first, the middle, the last
+    assert (run / rundir.INIT_CHECKPOINT).is_file() and set(rundir.RunReader(run).evals()) == {"val", "train"}
+
+
+def test_a_resume_that_changes_the_schedule_thins_the_old_snapshots(tmp_path):
+    cfg, files = setup("train.evals=3", "diag.max_snapshots=3")
+    train.train(cfg, tmp_path / "run", False, files)
+    assert rundir.RunReader(tmp_path / "run").snapshot_steps() == [0, 8, 12]  # of 0, 4, 8, 12
+    longer, _ = setup("train.evals=3", "diag.max_snapshots=3", "train.max_steps=24")
+    train.train(longer, tmp_path / "run", True, files)
+    assert rundir.RunReader(tmp_path / "run").snapshot_steps() == [0, 16, 24]  # of 0, 8, 16, 24; 12 is off the plan
+
+
+def test_the_final_training_split_evaluation_is_a_fixed_subset(tmp_path):
+    from tiecli.data import load_corpus
+    from tiecli.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
+
+    cfg, files = setup()
+    corpus = load_corpus(cfg.data, cfg.tokenizer)
+    T = cfg.model.block_size
+    limit = whole_split_limit(corpus, "train", T)
+    val_windows = -(-(len(corpus.tokens["val"]) - 1) // T)
+    assert (
+        limit == TRAIN_EVAL_FACTOR * val_windows and len(corpus.tokens["train"]) > limit * T
+    )  # the bundled corpus: a subset
+    assert whole_split_limit(corpus, "val", T) is None and whole_split_limit(corpus, "test", T) is None
+    train.train(cfg, tmp_path / "run", False, files)
+    evals = rundir.RunReader(tmp_path / "run").evals()
+    assert evals["train"].n_tokens == limit * T
+    assert (
+        evals["val"].n_tokens == len(corpus.tokens["val"]) - 1
+        and evals["test"].n_tokens == len(corpus.tokens["test"]) - 1
+    )

@@ -33,7 +33,9 @@ def load(path: Path, run: str, keys: tuple[str, ...] = TRAIN_KEYS) -> dict:
     if missing:
         raise TiecliError(f"run {run}: checkpoint {path.name} is not a tiecli checkpoint (no {missing[0]!r} entry)")
     if "state" in keys and not (isinstance(ckpt["state"], dict) and type(ckpt["state"].get("step")) is int):
-        raise TiecliError(f"run {run}: checkpoint {path.name} is not a tiecli checkpoint (its 'state' has no step number)")
+        raise TiecliError(
+            f"run {run}: checkpoint {path.name} is not a tiecli checkpoint (its 'state' has no step number)"
+        )
     return ckpt
 
 
@@ -49,10 +51,14 @@ def check_weights(own: dict, state, run: str, what: str) -> None:
         raise TiecliError(f"run {run}: {what} in its checkpoint are not a set of tensors")
     for key, tensor in own.items():
         if key not in state:
-            raise TiecliError(f"run {run}: {what} in its checkpoint lack {key!r}: the checkpoint does not match config.yaml")
+            raise TiecliError(
+                f"run {run}: {what} in its checkpoint lack {key!r}: the checkpoint does not match config.yaml"
+            )
         if state[key].shape != tensor.shape:
-            raise TiecliError(f"run {run}: {key} is {tuple(state[key].shape)} in its checkpoint but {tuple(tensor.shape)} "
-                              "by config.yaml: the checkpoint does not match the config")
+            raise TiecliError(
+                f"run {run}: {key} is {tuple(state[key].shape)} in its checkpoint but {tuple(tensor.shape)} "
+                "by config.yaml: the checkpoint does not match the config"
+            )
     extra = sorted(state.keys() - own.keys())
     if extra:
         raise TiecliError(f"run {run}: {what} in its checkpoint have {extra[0]!r}, which config.yaml's model lacks")
@@ -76,7 +82,9 @@ def load_embeddings(path: Path, config: GPTConfig, run: str) -> Embeddings:
         raise TiecliError(f"run {run}: the token matrices in {path.name} do not match config.yaml's tying mode")
     for key, tensor in emb.state_dict().items():
         if state[key].shape != tensor.shape:
-            raise TiecliError(f"run {run}: {key} is {tuple(state[key].shape)} in {path.name} but {tuple(tensor.shape)} by config.yaml")
+            raise TiecliError(
+                f"run {run}: {key} is {tuple(state[key].shape)} in {path.name} but {tuple(tensor.shape)} by config.yaml"
+            )
     emb.load_state_dict(state, assign=True)
     return emb
 

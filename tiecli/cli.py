@@ -30,8 +30,19 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-Overrides = Annotated[list[str] | None, typer.Argument(help="Hydra overrides: GROUP=CHOICE or KEY=VALUE, e.g. tying=untied train.lr=1e-3", show_default=False)]
-ConfigDir = Annotated[Path | None, typer.Option("--config-dir", help="A folder of your own config files: they add to tiecli's conf/ (e.g. model/huge.yaml) and replace its files of the same name")]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Hydra overrides: GROUP=CHOICE or KEY=VALUE, e.g. tying=untied train.lr=1e-3", show_default=False
+    ),
+]
+ConfigDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--config-dir",
+        help="A folder of your own config files: they add to tiecli's conf/ (e.g. model/huge.yaml) and replace its files of the same name",
+    ),
+]
 
 
 @contextlib.contextmanager
@@ -68,7 +79,11 @@ def show_version(value: bool):
 
 
 @app.callback()
-def main(version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print the version and exit")] = False):
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print the version and exit")
+    ] = False,
+):
     """Train GPT-style models with the input embedding and output matrix tied or not, and compare them.
 
     Example: tiecli train tying=untied model=small
@@ -78,9 +93,21 @@ def main(version: Annotated[bool, typer.Option("--version", callback=show_versio
 @app.command()
 def train(
     overrides: Overrides = None,
-    name: Annotated[str | None, typer.Option(help="Run directory name (default: built from the group choices and seed)")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue a run from its last checkpoint with its own config: "
-                                         "`--resume RUN_DIR`, or `--name NAME --resume`; overrides may extend it (train.max_steps=...)")] = False,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="Run directory name: letters, digits, . _ - and / to nest it in a folder "
+            "(default: the group choices, the seed and a hash of any other overrides)"
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue a run from its last checkpoint with its own config: "
+            "`--resume RUN_DIR`, or `--name NAME --resume`; overrides may extend it (train.max_steps=...)",
+        ),
+    ] = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
     config_dir: ConfigDir = None,
 ):
@@ -90,7 +117,8 @@ def train(
     """
     overrides = list(overrides or [])
     with user_errors():
-        from tiecli import config, resume as resuming
+        from tiecli import config
+        from tiecli import resume as resuming
 
         if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
             run_arg = Path(overrides.pop(0))
@@ -102,11 +130,7 @@ def train(
             if path is None:
                 return
         else:
-            cfg, choices = config.compose(overrides, config_dir)
-            path = rundir.run_path(runs_dir, name if name is not None else config.run_name(choices, cfg, overrides))
-            if rundir.is_run_dir(path) and not rundir.discard_unstarted(path):
-                raise TiecliError(f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one")
-            files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices})}
+            path, cfg, files = plan_new_run(runs_dir, name, overrides, config_dir)
         run_config = config.to_config(cfg)
         from tiecli.train import train as train_run
 
@@ -118,17 +142,43 @@ def train(
         console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
 
 
+def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
+    """The path, config and files of a new run; refuses a name taken by a run worth keeping."""
+    from tiecli import config
+
+    cfg, choices = config.compose(overrides, config_dir)
+    path = rundir.run_path(runs_dir, name if name is not None else config.run_name(choices, cfg, overrides))
+    if name is not None:  # after run_path's checks (length, leaving runs_dir); --resume takes older names as they are
+        config.check_name(name)
+    if rundir.is_run_dir(path) and not rundir.discard_unstarted(path):
+        raise TiecliError(
+            f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one"
+        )
+    files = {
+        rundir.CONFIG: config.to_yaml(cfg),
+        rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
+    }
+    return path, cfg, files
+
+
 class Split(str, Enum):
     val = "val"
     test = "test"
+    train = "train"
 
 
 @app.command("eval")
 def eval_(
     run: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/micro-tied-bpe4096-shakespeare-s0")],
-    split: Annotated[Split, typer.Option(help="Held-out split to evaluate in full")] = Split.val,
+    split: Annotated[
+        Split,
+        typer.Option(
+            help="Split to evaluate: val or test in full; train in full when it is at most "
+            "4 times the validation split, else a fixed evenly spaced subset of that size"
+        ),
+    ] = Split.val,
 ):
-    """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency.
+    """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency on a split.
 
     Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
     """
@@ -159,7 +209,12 @@ def info(
 
         counts = count_params(run_config.model)
         if as_json:
-            print(json.dumps({"choices": choices, "config": OmegaConf.to_container(cfg, resolve=True), "params": counts}, indent=2))
+            print(
+                json.dumps(
+                    {"choices": choices, "config": OmegaConf.to_container(cfg, resolve=True), "params": counts},
+                    indent=2,
+                )
+            )
             return
         console.print(config.to_yaml(cfg), highlight=False, markup=False)
         console.print(display.params_table(counts, f"parameters ({', '.join(f'{k}={v}' for k, v in choices.items())})"))
@@ -168,10 +223,23 @@ def info(
 @app.command()
 def geometry(
     run: Annotated[Path, typer.Argument(help="A run directory")],
-    step: Annotated[str, typer.Option(help="latest (the last checkpoint), init (step 0), or a step with a snapshot in checkpoints/emb/")] = "latest",
-    pairs: Annotated[Path | None, typer.Option(help="Related word forms: a UTF-8 file, one tab-separated pair a line (default: the run's diag.pairs)")] = None,
+    step: Annotated[
+        str,
+        typer.Option(help="latest (the last checkpoint), init (step 0), or a step with a snapshot in checkpoints/emb/"),
+    ] = "latest",
+    pairs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Related word forms: a UTF-8 file, one tab-separated pair a line (default: the run's diag.pairs)"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the entry as JSON instead of a table")] = False,
-    write: Annotated[bool, typer.Option("--write", help="Also record the entry in the run's geometry.json (replacing one for the same step)")] = False,
+    write: Annotated[
+        bool,
+        typer.Option(
+            "--write", help="Also record the entry in the run's geometry.json (replacing one for the same step)"
+        ),
+    ] = False,
 ):
     """Recompute the geometry of a run's token matrices from its checkpoint.
 
@@ -203,11 +271,26 @@ def load_run_config(run: Path):
 @app.command()
 def sweep(
     overrides: Overrides = None,
-    name: Annotated[str | None, typer.Option(help="Sweep name: its folder is <runs-dir>/sweeps/<name> (default: the study name, or built from the overrides)")] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="Sweep name, letters, digits and . _ - only: its folder is <runs-dir>/sweeps/<name> "
+            "(default: the study name, or built from the overrides)"
+        ),
+    ] = None,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Jobs to run at once")] = 1,
-    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder whose sweeps/ subfolder holds the sweep")] = Path("runs"),
+    runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder whose sweeps/ subfolder holds the sweep")] = Path(
+        "runs"
+    ),
     config_dir: ConfigDir = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the jobs and their run directories; run and write nothing")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the jobs, their run directories, steps, tokens, evaluations "
+            "and disk use, and the total; run and write nothing",
+        ),
+    ] = False,
 ):
     """Train every combination of the swept overrides (a,b,c, range(0,3), glob(*), study=NAME), one process per job.
 
@@ -218,9 +301,9 @@ def sweep(
     with user_errors():
         from tiecli import sweep as sweeps
 
-        sweep_dir, manifest = sweeps.plan(overrides or [], config_dir, runs_dir, name)
+        sweep_dir, manifest, configs = sweeps.plan(overrides or [], config_dir, runs_dir, name)
         if dry_run:
-            for line in sweeps.dry_run_lines(sweep_dir, manifest):
+            for line in sweeps.dry_run_lines(sweep_dir, manifest, configs):
                 console.print(line, highlight=False, markup=False, soft_wrap=True)
             return
         code = sweeps.run(sweep_dir, manifest, jobs, console)
@@ -229,15 +312,42 @@ def sweep(
 
 @app.command()
 def report(
-    paths: Annotated[list[Path] | None, typer.Argument(help="Run directories, sweep folders or any folders holding runs (default: runs/)", show_default=False)] = None,
-    baseline: Annotated[str, typer.Option(help="KEY=VALUE picking the baseline among groups equal in every other key")] = "tying=untied",
-    out: Annotated[Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")] = None,
-    select: Annotated[list[str] | None, typer.Option("--select", help="A dotted key (train.lr) whose best value, by seed-mean final val loss, "
-                                                     "is kept per group; the others are listed as not selected. Repeatable")] = None,
-    sesoi: Annotated[list[str] | None, typer.Option("--sesoi", help="Smallest effect of interest, KEY=VALUE: ppl (% perplexity, default 1), "
-                                                    "cos (default 0.05), cka (default 0.05). Repeatable")] = None,
-    target_loss: Annotated[float | None, typer.Option("--target-loss", help="A fixed convergence target (val loss, nats) for every "
-                                                      "pair (default: per pair, the higher of the two groups' best losses)")] = None,
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Run directories, sweep folders or any folders holding runs (default: runs/)", show_default=False
+        ),
+    ] = None,
+    baseline: Annotated[
+        str, typer.Option(help="KEY=VALUE picking the baseline among groups equal in every other key")
+    ] = "tying=untied",
+    out: Annotated[
+        Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")
+    ] = None,
+    select: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--select",
+            help="A dotted key (train.lr) whose best value, by seed-mean final val loss, "
+            "is kept per group; the others are listed as not selected. Repeatable",
+        ),
+    ] = None,
+    sesoi: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--sesoi",
+            help="Smallest effect of interest, KEY=VALUE: ppl (% perplexity, default 1), "
+            "cos (default 0.05), cka (default 0.05). Repeatable",
+        ),
+    ] = None,
+    target_loss: Annotated[
+        float | None,
+        typer.Option(
+            "--target-loss",
+            help="A fixed convergence target (val loss, nats) for every "
+            "pair (default: per pair, the higher of the two groups' best losses)",
+        ),
+    ] = None,
 ):
     """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 
@@ -246,14 +356,17 @@ def report(
     Example: tiecli report runs/sweeps/tying_vs_size --baseline tying=untied --select train.lr --sesoi ppl=2
     """
     with user_errors():
-        from tiecli.report import Options, report as write_report
+        from tiecli.report import Options
+        from tiecli.report import report as write_report
 
         options = Options(tuple(select or ()), tuple(sesoi or ()), target_loss)
         write_report(paths or [Path("runs")], baseline, out, console, options)
 
 
 @app.command()
-def runs(runs_dir: Annotated[Path, typer.Argument(help="Folder to search for run directories, at any depth")] = Path("runs")):
+def runs(
+    runs_dir: Annotated[Path, typer.Argument(help="Folder to search for run directories, at any depth")] = Path("runs"),
+):
     """List run directories: name, state, size, mode, steps, val perplexity.
 
     Example: tiecli runs runs/sweeps/tying_vs_size

@@ -33,7 +33,7 @@ from omegaconf.errors import (
 )
 
 from tiecli import rundir, tokenizer
-from tiecli.errors import ConfigError
+from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPTConfig
 
 GROUPS = ("model", "tying", "data", "tokenizer")
@@ -56,14 +56,18 @@ class TrainConfig:
     batch_size: int
     grad_accum: int
     lr: float
+    lr_embedding: float | None
+    lr_output: float | None
     min_lr: float
     warmup_steps: int
+    warmup_fraction: float | None
     weight_decay: float
     decay_embeddings: bool
     beta1: float
     beta2: float
     grad_clip: float
     eval_interval: int
+    evals: int | None
     eval_batches: int
     log_interval: int
     checkpoint_interval: int
@@ -89,6 +93,7 @@ class TokenizerConfig:
 @dataclass
 class EvalConfig:
     buckets: list[float]
+    test: bool
 
 
 @dataclass
@@ -96,6 +101,7 @@ class DiagConfig:
     every: int
     geometry: bool
     snapshots: bool
+    max_snapshots: int
     pairs: str | None
     seed: int
 
@@ -166,6 +172,41 @@ class Config(Settings):
             return self.train.max_steps
         return -(-self.train.max_tokens // self.tokens_per_step)
 
+    @property
+    def warmup(self) -> int:
+        """Linear warmup steps: train.warmup_fraction of max_steps (rounded) when set, else train.warmup_steps."""
+        t = self.train
+        return t.warmup_steps if t.warmup_fraction is None else round(t.warmup_fraction * self.max_steps)
+
+    @property
+    def n_evals(self) -> int:
+        """In-training evaluations after the one at step 0; the last is at max_steps.
+
+        train.evals (at most one a step), else one every train.eval_interval steps and one at the end.
+        """
+        if self.train.evals is None:
+            return -(-self.max_steps // self.train.eval_interval)
+        return min(self.train.evals, self.max_steps)
+
+    @property
+    def eval_every(self) -> int:
+        """Steps between evaluations: train.eval_interval, or with train.evals the nearest whole number
+        to max_steps / n_evals (the steps are then ceil(i * max_steps / n_evals): gaps differ by one at most)."""
+        if self.train.evals is None:
+            return self.train.eval_interval
+        return round(self.max_steps / self.n_evals)
+
+    def evals_by(self, step: int) -> int:
+        """How many in-training evaluations steps 1..step hold: `step` evaluates when this grows."""
+        if step >= self.max_steps:
+            return self.n_evals
+        if self.train.evals is None:
+            return step // self.train.eval_interval
+        return step * self.n_evals // self.max_steps  # spread evenly, whatever max_steps / evals leaves over
+
+    def is_eval_step(self, step: int) -> bool:
+        return step >= 1 and self.evals_by(step) > self.evals_by(step - 1)
+
 
 def parse_overrides(overrides: list[str]) -> list[Override]:
     try:
@@ -200,11 +241,13 @@ def check_choices(parsed: list[Override], config_dirs: list[Path]) -> None:
 
 def check_unique(parsed: list[Override], where: str) -> None:
     """Hydra would let the last of two values win in silence; a key given twice is more likely a slip."""
-    seen = {}
+    seen: dict[str, str | None] = {}
     for o in parsed:
         if o.key_or_group in seen:
-            raise ConfigError(f"{o.key_or_group!r} is given twice {where} ({seen[o.key_or_group]!r} and {o.input_line!r}); "
-                              "give it once (`tiecli sweep KEY=a,b,c` tries several values)")
+            raise ConfigError(
+                f"{o.key_or_group!r} is given twice {where} ({seen[o.key_or_group]!r} and {o.input_line!r}); "
+                "give it once (`tiecli sweep KEY=a,b,c` tries several values)"
+            )
         seen[o.key_or_group] = o.input_line
 
 
@@ -213,13 +256,16 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
     parsed = parse_overrides(overrides)
     for o in parsed:
         if o.is_sweep_override():
-            raise ConfigError(f"{o.input_line!r} is a sweep (several values); run it with `tiecli sweep`, or give one value")
+            raise ConfigError(
+                f"{o.input_line!r} is a sweep (several values); run it with `tiecli sweep`, or give one value"
+            )
         if o.is_add() or o.is_delete() or o.is_force_add():
             raise ConfigError(f"{o.input_line!r} adds or deletes a key; tiecli only changes keys conf/ defines")
     check_unique(parsed, "on the command line")
     dirs = config_dirs(config_dir)
     check_choices(parsed, dirs)
-    group_overrides = [o.input_line for o in parsed if o.key_or_group in GROUPS]
+    # the parser sets input_line on every Override it returns
+    group_overrides = [typing.cast(str, o.input_line) for o in parsed if o.key_or_group in GROUPS]
     with _merged(dirs) as primary, initialize_config_dir(config_dir=primary, version_base=None):
         base = _hydra_compose(group_overrides)
         for o in parsed:
@@ -270,11 +316,17 @@ def _check_key(cfg: DictConfig, key: str) -> None:
     node = cfg
     for i, part in enumerate(parts):
         if not isinstance(node, DictConfig):
-            raise ConfigError(f"unknown config key {key!r}: {'.'.join(parts[:i])!r} is a single value, not a group of keys")
-        keys = sorted(set(node.keys()) - {"hydra"})  # not `part in node`: that is False for a key set to null or ???
+            raise ConfigError(
+                f"unknown config key {key!r}: {'.'.join(parts[:i])!r} is a single value, not a group of keys"
+            )
+        keys = sorted(
+            typing.cast(set[str], set(node.keys())) - {"hydra"}
+        )  # not `part in node`: that is False for a key set to null or ???
         if part not in keys:
             raise ConfigError(_unknown_key(".".join(parts[: i + 1]), keys))
-        node = OmegaConf.select(node, part, throw_on_resolution_failure=False)  # a bad interpolation is to_config's to report
+        node = OmegaConf.select(
+            node, part, throw_on_resolution_failure=False
+        )  # a bad interpolation is to_config's to report
 
 
 def _unknown_key(key: str, valid: list[str]) -> str:
@@ -299,7 +351,7 @@ def _check_types(cfg: DictConfig) -> Composed:
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ConfigError(f"{missing[0]} is required: add {missing[0]}=VALUE to the command")
-        return OmegaConf.to_object(merged)
+        return typing.cast(Composed, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
         raise ConfigError(_message(e, cfg)) from None
 
@@ -360,54 +412,119 @@ def _gpt_config(composed: Composed) -> GPTConfig:
     # conf/ gives each mode only its own settings; GPTConfig's stand-ins fill the other modes' (None here).
     tying = {k: v for k, v in dataclasses.asdict(composed.tying).items() if k != "mode" and v is not None}
     try:
-        return GPTConfig(vocab_size=vocab_size, tying=composed.tying.mode, **dataclasses.asdict(composed.model), **tying)
+        return GPTConfig(
+            vocab_size=vocab_size, tying=composed.tying.mode, **dataclasses.asdict(composed.model), **tying
+        )
     except ValueError as e:
         raise ConfigError(f"invalid model or tying settings: {e}") from None
 
 
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
 def _validate(c: Config) -> None:
-    t = c.train
-
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            raise ConfigError(message)
-
+    need = _need
+    _validate_train(c.train)
     device_ok = c.device in DEVICES or re.fullmatch(r"cuda:\d+", c.device)
     need(bool(device_ok), f"device={c.device!r} is not valid; choose one of {', '.join(DEVICES)} or cuda:N")
     need(c.dtype in DTYPES, f"dtype={c.dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
     for key, seed in (("seed", c.seed), ("data.split_seed", c.data.split_seed), ("diag.seed", c.diag.seed)):
         need(0 <= seed < SEED_LIMIT, f"{key}={seed} is not valid; a seed is an integer in [0, 2**63)")
-    need(c.data.split in DATA_SPLITS, f"data.split={c.data.split!r} is not valid; choose one of {', '.join(DATA_SPLITS)}")
-    for key in ("max_steps", "batch_size", "grad_accum", "eval_interval", "eval_batches", "log_interval", "checkpoint_interval"):
-        need(getattr(t, key) >= 1, f"train.{key}={getattr(t, key)} must be at least 1")
-    need(t.max_tokens is None or t.max_tokens >= 1, f"train.max_tokens={t.max_tokens} must be at least 1 (or null)")
-    need(t.lr > 0 and 0 <= t.min_lr <= t.lr, f"train.lr={t.lr}, train.min_lr={t.min_lr}: need 0 <= min_lr <= lr and lr > 0")
-    need(t.warmup_steps >= 0 and t.weight_decay >= 0 and t.grad_clip >= 0, "train.warmup_steps, weight_decay and grad_clip must be >= 0")
-    for key in ("beta1", "beta2"):
-        need(0 <= getattr(t, key) < 1, f"train.{key}={getattr(t, key)} is not in [0, 1): AdamW's betas are decay rates")
+    need(
+        c.data.split in DATA_SPLITS, f"data.split={c.data.split!r} is not valid; choose one of {', '.join(DATA_SPLITS)}"
+    )
     fractions = c.data.val_fraction + c.data.test_fraction
-    need(0 < c.data.val_fraction and 0 < c.data.test_fraction and fractions < 1,
-         f"data.val_fraction={c.data.val_fraction} and data.test_fraction={c.data.test_fraction} must be > 0 and sum below 1")
+    need(
+        0 < c.data.val_fraction and 0 < c.data.test_fraction and fractions < 1,
+        f"data.val_fraction={c.data.val_fraction} and data.test_fraction={c.data.test_fraction} must be > 0 and sum below 1",
+    )
     need(c.data.n_blocks >= 3, f"data.n_blocks={c.data.n_blocks} must be at least 3 (train, val, test)")
     need(c.diag.every >= 0, f"diag.every={c.diag.every} must be >= 0 (0 turns the gradient statistics off)")
+    need(
+        c.diag.max_snapshots >= 2,
+        f"diag.max_snapshots={c.diag.max_snapshots} must be at least 2 (step 0 and the last are "
+        "always kept; diag.snapshots=false keeps none)",
+    )
     b = c.eval.buckets
     need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
 
 
+def _validate_train(t: TrainConfig) -> None:
+    need = _need
+    for key in (
+        "max_steps",
+        "batch_size",
+        "grad_accum",
+        "eval_interval",
+        "eval_batches",
+        "log_interval",
+        "checkpoint_interval",
+    ):
+        need(getattr(t, key) >= 1, f"train.{key}={getattr(t, key)} must be at least 1")
+    for key, instead in (
+        ("max_tokens", "train.max_steps sets the steps"),
+        ("evals", "every train.eval_interval steps"),
+    ):
+        need(
+            getattr(t, key) is None or getattr(t, key) >= 1,
+            f"train.{key}={getattr(t, key)} must be at least 1 (or null: {instead})",
+        )
+    need(
+        t.lr > 0 and 0 <= t.min_lr <= t.lr,
+        f"train.lr={t.lr}, train.min_lr={t.min_lr}: need 0 <= min_lr <= lr and lr > 0",
+    )
+    for key in ("lr_embedding", "lr_output"):
+        need(
+            getattr(t, key) is None or getattr(t, key) > 0,
+            f"train.{key}={getattr(t, key)} must be > 0 (or null: train.lr)",
+        )
+    need(
+        t.warmup_fraction is None or 0 <= t.warmup_fraction < 1,
+        f"train.warmup_fraction={t.warmup_fraction} is not in [0, 1) (or null: train.warmup_steps)",
+    )
+    need(
+        t.warmup_steps >= 0 and t.weight_decay >= 0 and t.grad_clip >= 0,
+        "train.warmup_steps, weight_decay and grad_clip must be >= 0",
+    )
+    for key in ("beta1", "beta2"):
+        need(0 <= getattr(t, key) < 1, f"train.{key}={getattr(t, key)} is not in [0, 1): AdamW's betas are decay rates")
+
+
+NAME_CHARS = "A-Za-z0-9._-"  # shell-safe without quoting, and the same on every file system
+NAME_LIMIT = 80
+
+
 def run_name(choices: dict[str, str], cfg: DictConfig, overrides: list[str]) -> str:
-    """A readable, unique-per-setting run name: group choices, seed, then any other overrides."""
+    """A short, shell-safe run name, unique per setting: group choices, seed, then a hash of any other overrides.
+
+    e.g. micro-untied-bpe4096-shakespeare-s0-3f9a1c2e; overrides.yaml keeps the overrides themselves.
+    """
     tok = choices["tokenizer"] + (str(cfg.tokenizer.vocab_size) if choices["tokenizer"] == "bpe" else "")
     path = cfg.data.get("path")  # its stem to read, a hash of the whole path to keep a/x.txt and b/x.txt apart
-    data = choices["data"] + (f"_{Path(str(path)).stem}-{hashlib.sha256(str(path).encode()).hexdigest()[:6]}" if path else "")
-    name = f"{choices['model']}-{choices['tying']}-{tok}-{data}-s{cfg.seed}"
+    data = choices["data"] + (f"_{Path(str(path)).stem[:24]}-{_hash(str(path), 6)}" if path else "")
+    readable = f"{choices['model']}-{choices['tying']}-{tok}-{data}-s{cfg.seed}"
     named = {*GROUPS, "seed", "tokenizer.vocab_size", "data.path"}
-    extras = [o.input_line for o in parse_overrides(overrides) if o.key_or_group not in named]
-    if extras:
-        name += "," + ",".join(sorted(extras))
-    name = re.sub(r"[^A-Za-z0-9._,=+-]", "_", name)
-    if len(name) > 200:  # file systems allow 255 bytes; past 200, keep it unique with a hash
-        name = name[:189] + "-" + hashlib.sha256(name.encode()).hexdigest()[:10]
-    return name
+    extras = sorted(typing.cast(str, o.input_line) for o in parse_overrides(overrides) if o.key_or_group not in named)
+    name = re.sub(f"[^{NAME_CHARS}]", "_", readable)
+    if len(name) > NAME_LIMIT - 9:  # long choice names (a --config-dir's): cut, and keep apart by the hash
+        name, extras = name[: NAME_LIMIT - 9], [readable, *extras]
+    return name + "-" + _hash("\n".join(extras), 8) if extras else name
+
+
+def _hash(text: str, n: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def check_name(name: str) -> None:
+    """A --name for a new run: NAME_CHARS, and / to nest it in a folder under the runs directory."""
+    bad = sorted(set(re.sub(f"[/{NAME_CHARS}]", "", name)))
+    if bad:
+        raise TiecliError(
+            f"run name {name!r} holds {''.join(bad)!r}; a run name may hold only A-Z a-z 0-9 . _ - "
+            "(and / to nest it in a folder)"
+        )
 
 
 def to_yaml(cfg: DictConfig) -> str:

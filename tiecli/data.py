@@ -66,7 +66,9 @@ def _text_files(path: str) -> list[Path]:
     if stat.S_ISREG(mode):
         return [p]
     if stat.S_ISDIR(mode):
-        files = sorted(f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts))
+        files = sorted(
+            f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
         if not files:
             raise TiecliError(f"data.path {path!r} is a folder with no files in it")
         return files
@@ -85,7 +87,9 @@ def _read_utf8(path: Path) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise TiecliError(f"data.path file {str(path)!r} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})") from None
+        raise TiecliError(
+            f"data.path file {str(path)!r} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})"
+        ) from None
 
 
 def split_texts(docs: list[tuple[str, str]], data: DataConfig) -> dict[str, str]:
@@ -93,16 +97,22 @@ def split_texts(docs: list[tuple[str, str]], data: DataConfig) -> dict[str, str]
     if sum(len(text) for _, text in docs) == 0:
         raise TiecliError(f"the {data.name} corpus holds no text ({len(docs)} file(s), all empty)")
     if not any(text.strip() for _, text in docs):
-        raise TiecliError(f"the {data.name} corpus holds only whitespace ({len(docs)} file(s)): there is nothing to learn")
+        raise TiecliError(
+            f"the {data.name} corpus holds only whitespace ({len(docs)} file(s)): there is nothing to learn"
+        )
     if data.split == "document":
         if len(docs) < 3:
-            raise TiecliError(f"data.split=document needs at least 3 documents, the corpus has {len(docs)}; use data.split=block")
+            raise TiecliError(
+                f"data.split=document needs at least 3 documents, the corpus has {len(docs)}; use data.split=block"
+            )
         units = [text for _, text in docs]
     else:
         units = _blocks("\n\n".join(text for _, text in docs), data.n_blocks)
     if len(units) < 3:
-        raise TiecliError(f"the {data.name} text cuts into only {len(units)} block(s) at line ends; train, val and test "
-                          "need one each: give a longer text with more lines")
+        raise TiecliError(
+            f"the {data.name} text cuts into only {len(units)} block(s) at line ends; train, val and test "
+            "need one each: give a longer text with more lines"
+        )
     order = list(range(len(units)))
     random.Random(data.split_seed).shuffle(order)
     total = sum(len(u.encode()) for u in units)
@@ -158,11 +168,15 @@ def load_corpus(data: DataConfig, tok: TokenizerConfig, cache: Path | None = Non
     if not (folder / "meta.json").exists():
         _write_tokens(folder, enc, texts)
     meta = json.loads((folder / "meta.json").read_text())
-    tokens = {s: np.memmap(folder / f"{s}.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_tokens"][s],)) for s in SPLITS}
+    tokens: dict[str, np.ndarray] = {
+        s: np.memmap(folder / f"{s}.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_tokens"][s],)) for s in SPLITS
+    }
     counts = np.load(folder / "counts.npy")
     if np.count_nonzero(counts) < 2:  # one repeated token: nothing to predict, and no geometry to measure
-        raise TiecliError(f"the training split of {data.name} holds {np.count_nonzero(counts)} distinct token(s); "
-                          "give a text with more than one kind of character")
+        raise TiecliError(
+            f"the training split of {data.name} holds {np.count_nonzero(counts)} distinct token(s); "
+            "give a text with more than one kind of character"
+        )
     return Corpus(
         encoding=enc,
         tokens=tokens,
@@ -178,7 +192,7 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, texts: dict[str, str]) -
     dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        meta = {"dtype": np.dtype(dtype).name, "n_tokens": {}}
+        meta: dict = {"dtype": np.dtype(dtype).name, "n_tokens": {}}
         for s in SPLITS:
             ids = np.array(enc.encode_ordinary(texts[s]), dtype=dtype)
             ids.tofile(tmp / f"{s}.bin")
@@ -211,7 +225,9 @@ def frequency_buckets(counts: np.ndarray, bounds: list[float]) -> np.ndarray:
     return buckets
 
 
-def get_batch(tokens: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    tokens: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows of the training split: inputs (B, T) and next-token targets (B, T)."""
     if len(tokens) <= block_size:
         raise TiecliError(f"the training split has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}")

@@ -45,7 +45,9 @@ def gradient_paths(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
     """(G_in, G_out) of the last backward pass(es), before clipping."""
     if emb.shared:
         return emb.grads["in"], emb.grads["out"]
-    return emb.wte.grad, emb.lm_head.grad
+    g_in, g_out = emb.wte.grad, emb.lm_head.grad
+    assert g_in is not None and g_out is not None  # called after a backward pass, which sets both
+    return g_in, g_out
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float | None:
@@ -69,7 +71,9 @@ def _cancellation(dot: float, n_in: float, n_out: float) -> dict:
     return {"grad_cancel": cancel, "grad_norm_lost_pct": 100 * (1 - max(1 - cancel, 0.0) ** 0.5)}
 
 
-def _permutation_null(rows_in: torch.Tensor, rows_out: torch.Tensor, observed: float | None, generator: torch.Generator) -> dict:
+def _permutation_null(
+    rows_in: torch.Tensor, rows_out: torch.Tensor, observed: float | None, generator: torch.Generator
+) -> dict:
     """cos(G_in, G_out) over the present rows with the rows of G_out shuffled against those of
     G_in, N_NULL times: the cosine of gradients of unrelated tokens. Directions that every row
     shares survive the shuffle; agreement token by token does not, and grad_cos_z measures it."""
@@ -81,14 +85,27 @@ def _permutation_null(rows_in: torch.Tensor, rows_out: torch.Tensor, observed: f
     # One (P, C) buffer for the gather and the product: a fresh allocation per permutation costs
     # more than the arithmetic. torch.sum, not a BLAS dot: its float32 sum stays accurate at P * C ~ 1e7.
     buffer = torch.empty_like(rows_out)
-    null = torch.stack([torch.index_select(rows_out, 0, perm, out=buffer).mul_(rows_in).sum() for perm in perms]) / denom
+    null = (
+        torch.stack([torch.index_select(rows_out, 0, perm, out=buffer).mul_(rows_in).sum() for perm in perms]) / denom
+    )
     mean, sd = null.mean().item(), null.std().item()
-    return {"grad_cos_null_mean": mean, "grad_cos_null_sd": sd, "grad_cos_z": (observed - mean) / sd if sd > 0 else None}
+    return {
+        "grad_cos_null_mean": mean,
+        "grad_cos_null_sd": sd,
+        "grad_cos_z": (observed - mean) / sd if sd > 0 else None,
+    }
 
 
 @torch.no_grad()
-def interference(g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor, buckets: torch.Tensor,
-                 *, seed: int = 0, step: int = 0) -> dict:
+def interference(
+    g_in: torch.Tensor,
+    g_out: torch.Tensor,
+    present: torch.Tensor,
+    buckets: torch.Tensor,
+    *,
+    seed: int = 0,
+    step: int = 0,
+) -> dict:
     """The statistics above. present: (V,) bool, tokens in this step's inputs; buckets: (V,) bucket ids.
     grad_cancel = -2<G_in, G_out> / (|G_in|^2 + |G_out|^2): 0 for orthogonal paths, > 0 when they
     cancel (1: G_out = -G_in), < 0 when they reinforce; grad_norm_lost_pct =
@@ -132,7 +149,9 @@ def pairs_file(name: str) -> Path:
     path = shipped / f"{name}.tsv"
     if not path.is_file():
         choices = ", ".join(sorted(p.stem for p in shipped.glob("*.tsv")))
-        raise TiecliError(f"no shipped pairs file {name!r} (shipped: {choices}); give a path such as ./{name} for your own file")
+        raise TiecliError(
+            f"no shipped pairs file {name!r} (shipped: {choices}); give a path such as ./{name} for your own file"
+        )
     return path
 
 
@@ -146,8 +165,9 @@ def form_pairs(enc: tiktoken.Encoding, path: str | None) -> tuple[list[tuple[int
 
 
 @torch.no_grad()
-def embedding_geometry(emb: Embeddings, emb0: Embeddings, counts: np.ndarray, buckets: np.ndarray,
-                       pairs: list, pairs_info: dict, seed: int) -> dict:
+def embedding_geometry(
+    emb: Embeddings, emb0: Embeddings, counts: np.ndarray, buckets: np.ndarray, pairs: list, pairs_info: dict, seed: int
+) -> dict:
     """One geometry.json entry: geometry.measure() of the effective matrices, drift against emb0."""
     w_in, w_in0 = emb.input_matrix().cpu(), emb0.input_matrix().cpu()  # (V, C) each
     # One object when the mode has one matrix: measure() then knows it is tied and measures it once.
@@ -172,7 +192,9 @@ def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | 
         saved = reader.snapshot_steps()
         if not step.isdigit() or int(step) not in saved:
             choices = ", ".join(["latest", "init", *map(str, saved)])
-            raise TiecliError(f"--step {step!r} has no saved token matrices in {str(run_dir)!r}; choose one of {choices}")
+            raise TiecliError(
+                f"--step {step!r} has no saved token matrices in {str(run_dir)!r}; choose one of {choices}"
+            )
         number = int(step)
         emb = checkpoint.load_embeddings(run_dir / rundir.SNAPSHOTS / f"step_{number}.pt", config.model, name)
     corpus = load_corpus(config.data, config.tokenizer)

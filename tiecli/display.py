@@ -34,8 +34,13 @@ def eval_table(metrics: dict, title: str) -> Table:
     for column in ("tokens", "loss", "perplexity", "bits/byte"):
         table.add_column(column, justify="right")
     table.add_column("")
-    table.add_row(f"{metrics['n_tokens']:,}", f"{metrics['loss']:.4f}", f"{metrics['perplexity']:.2f}",
-                  f"{metrics['bits_per_byte']:.4f}", "all")
+    table.add_row(
+        f"{metrics['n_tokens']:,}",
+        f"{metrics['loss']:.4f}",
+        f"{metrics['perplexity']:.2f}",
+        f"{metrics['bits_per_byte']:.4f}",
+        "all",
+    )
     for bucket, m in metrics["by_bucket"].items():
         if m["n_tokens"]:
             table.add_row(f"{m['n_tokens']:,}", f"{m['loss']:.4f}", f"{m['perplexity']:.2f}", "", f"{bucket} tokens")
@@ -59,8 +64,11 @@ def summary_table(summary) -> Table:
         rows.append(("best val loss (subset)", f"{summary.best_val_loss:.4f} at step {summary.best_val_step}"))
     final = summary.final_val
     if final:
-        rows += [("val loss", f"{final['loss']:.4f}"), ("val perplexity", f"{final['perplexity']:.2f}"),
-                 ("val bits/byte", f"{final['bits_per_byte']:.4f}")]
+        rows += [
+            ("val loss", f"{final['loss']:.4f}"),
+            ("val perplexity", f"{final['perplexity']:.2f}"),
+            ("val bits/byte", f"{final['bits_per_byte']:.4f}"),
+        ]
     for label, value in rows:
         table.add_row(label, value)
     return table
@@ -83,8 +91,12 @@ GEOMETRY_ROWS = (
     ("forms_contrast", "related forms: contrast (pair - matched)"),
     ("forms_random_cosine", "related forms: random-pair cosine"),
 )
-AGREEMENT_ROWS = (("row_cosine", "input/output cosine per token"), ("distance", "|W_in - W_out|_F / |W_in|_F"),
-                  ("knn_overlap", "10-NN overlap"), ("cka", "linear CKA"))
+AGREEMENT_ROWS = (
+    ("row_cosine", "input/output cosine per token"),
+    ("distance", "|W_in - W_out|_F / |W_in|_F"),
+    ("knn_overlap", "10-NN overlap"),
+    ("cka", "linear CKA"),
+)
 
 
 def num(value, spec: str = ".4g") -> str:
@@ -94,7 +106,11 @@ def num(value, spec: str = ".4g") -> str:
 
 def geometry_table(entry: dict, title: str) -> Table:
     """One geometry.json entry: a column per side (one when tied), then input/output agreement."""
-    sides = [("input = output", entry["input"])] if entry["tied"] else [("input", entry["input"]), ("output", entry["output"])]
+    sides = (
+        [("input = output", entry["input"])]
+        if entry["tied"]
+        else [("input", entry["input"]), ("output", entry["output"])]
+    )
     table = Table(title=f"{title}: {entry['n_tokens']:,} tokens that occur in training")
     table.add_column("geometry")
     for name, _ in sides:
@@ -128,15 +144,21 @@ class TrainProgress:
     def __init__(self, console: Console, name: str, total: int, start: int, log_interval: int):
         self.console, self.name, self.total, self.start = console, name, total, start
         self.log_interval, self.started = log_interval, time.perf_counter()
-        self.last_line, self.loss, self.tps = 0.0, None, None
-        self.bar = Progress(
-            TextColumn("step {task.completed}/{task.total}"),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TextColumn("ETA"), TimeRemainingColumn(),
-            BarColumn(bar_width=None),
-            console=console, expand=True,
-        ) if console.is_terminal else None
+        self.last_line, self.loss, self.tps = float("-inf"), None, None
+        self.bar = (
+            Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                BarColumn(bar_width=None),
+                console=console,
+                expand=True,
+            )
+            if console.is_terminal
+            else None
+        )
 
     def __enter__(self) -> "TrainProgress":
         self.console.print(f"training {self.name}", highlight=False, markup=False, soft_wrap=True)
@@ -153,9 +175,9 @@ class TrainProgress:
         if self.bar:
             self.bar.update(self.task, completed=step)
 
-    def eta(self, step: int) -> float | None:
+    def eta(self, step: int, now: float) -> float | None:
         done = step - self.start
-        return (time.perf_counter() - self.started) / done * (self.total - step) if done > 0 else None
+        return (now - self.started) / done * (self.total - step) if done > 0 else None
 
     def log(self, row) -> None:
         """A metrics row was written: update the bar, or print a plain line when one is due."""
@@ -167,8 +189,10 @@ class TrainProgress:
         now = time.perf_counter()
         if row.loss is not None and (now - self.last_line >= PLAIN_EVERY_S or row.step == self.total):
             self.last_line = now
-            self.plain(f"step {row.step}/{self.total} loss {num(self.loss, '.4f')} {num(self.tps, ',.0f')} tok/s "
-                       f"elapsed {duration(now - self.started)} ETA {duration(self.eta(row.step))}")
+            self.plain(
+                f"step {row.step}/{self.total} loss {num(self.loss, '.4f')} {num(self.tps, ',.0f')} tok/s "
+                f"elapsed {duration(now - self.started)} ETA {duration(self.eta(row.step, now))}"
+            )
         if row.val_loss is not None:
             self.plain(f"eval step {row.step}/{self.total}: val loss {row.val_loss:.4f} (perplexity {row.val_ppl:.2f})")
 

@@ -16,13 +16,30 @@ from tiecli.model import GPT
 from tiecli.rundir import EvalResult, RunWriter
 from tiecli.runtime import autocast_for, pick_device, pick_dtype
 
+TRAIN_EVAL_FACTOR = (
+    4  # the training split's whole-split evaluation covers at most this many times the validation split's windows
+)
+
+
+def whole_split_limit(corpus: Corpus, split: str, block_size: int) -> int | None:
+    """Windows a whole-split evaluation reads: all of them (None), except in the training split.
+
+    The training split is evaluated whole when it is at most TRAIN_EVAL_FACTOR times the validation
+    split's windows, else on that many fixed windows spread evenly over it (the same in `tiecli train`
+    and `tiecli eval --split train`): a 90% split would cost 18 validation passes, and a few times the
+    validation split's tokens already measure the training loss as precisely as the validation loss.
+    """
+    if split != "train":
+        return None
+    return TRAIN_EVAL_FACTOR * len(eval_windows(len(corpus.tokens["val"]), block_size))
+
 
 def eval_batch_size(block_size: int, vocab_size: int) -> int:
     """Windows per evaluation batch: about 8k tokens, fewer when the (tokens, V) logits would pass 1 GiB."""
     return max(1, min(8192, 2**28 // vocab_size) // block_size)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def evaluate(
     model: GPT,
     corpus: Corpus,
@@ -33,7 +50,7 @@ def evaluate(
     limit: int | None = None,
     check: Callable[[], None] | None = None,
 ) -> dict:
-    """Metrics over every token of `split` (or over `limit` fixed windows of it).
+    """Metrics over every token of `split` (or over `limit` fixed windows of it), without autograd.
 
     loss: mean next-token NLL in nats; perplexity: exp(loss); bits_per_byte: total NLL in bits over
     the UTF-8 bytes of the predicted tokens, which does not depend on the tokenizer.
@@ -59,8 +76,8 @@ def evaluate(
         for i in range(0, len(starts), batch_size):
             if check is not None:
                 check()
-            batch = np.stack([tokens[s : s + length + 1].astype(np.int64) for s in starts[i : i + batch_size]])
-            batch = torch.from_numpy(batch).to(device)  # (B, T+1)
+            ids = np.stack([tokens[s : s + length + 1].astype(np.int64) for s in starts[i : i + batch_size]])
+            batch = torch.from_numpy(ids).to(device)  # (B, T+1)
             x, y = batch[:, :-1], batch[:, 1:]
             with autocast():
                 loss = model(x, y, reduction="none")  # (B, T)
@@ -69,36 +86,44 @@ def evaluate(
             count += torch.bincount(b, minlength=len(BUCKETS)).double()
             n_bytes += token_bytes[y].sum()
     model.train(was_training)
-    nll, count = nll.cpu().tolist(), count.cpu().tolist()
-    total_nll, total = sum(nll), sum(count)
+    return _metrics(split, nll.cpu().tolist(), count.cpu().tolist(), float(n_bytes))
+
+
+def _metrics(split: str, bucket_nll: list[float], bucket_count: list[float], n_bytes: float) -> dict:
+    """Loss, perplexity and bits per byte, overall and per bucket, from summed NLLs and counts."""
+    total_nll, total = sum(bucket_nll), sum(bucket_count)
     loss = total_nll / max(1.0, total)
+    by_bucket = {
+        name: {
+            "loss": bucket_nll[i] / bucket_count[i] if bucket_count[i] else None,
+            "perplexity": math.exp(bucket_nll[i] / bucket_count[i]) if bucket_count[i] else None,
+            "n_tokens": int(bucket_count[i]),
+        }
+        for i, name in enumerate(BUCKETS)
+    }
     return {
         "split": split,
         "loss": loss,
         "perplexity": math.exp(loss),
-        "bits_per_byte": total_nll / math.log(2) / max(1.0, float(n_bytes)),
+        "bits_per_byte": total_nll / math.log(2) / max(1.0, n_bytes),
         "n_tokens": int(total),
         "n_bytes": int(n_bytes),
-        "by_bucket": {
-            name: {
-                "loss": nll[i] / count[i] if count[i] else None,
-                "perplexity": math.exp(nll[i] / count[i]) if count[i] else None,
-                "n_tokens": int(count[i]),
-            }
-            for i, name in enumerate(BUCKETS)
-        },
+        "by_bucket": by_bucket,
     }
 
 
 def evaluate_run(run_dir: Path, config: Config, split: str) -> EvalResult:
-    """Reload a run's last checkpoint, evaluate a whole split, and record it in eval.json."""
+    """Reload a run's last checkpoint, evaluate a whole split (the training split: whole_split_limit), record it in eval.json."""
     device = pick_device(config.device)
     corpus = load_corpus(config.data, config.tokenizer)
     with RunWriter.open(run_dir) as run:
         run.reader.check_corpus(corpus.key)
         model, ckpt = checkpoint.load_model(run_dir / rundir.CHECKPOINT, config.model, run_dir.name)
         autocast = autocast_for(device, pick_dtype(config.dtype, device))
-        metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast)
+        limit = whole_split_limit(corpus, split, config.model.block_size)
+        metrics = evaluate(
+            model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast, limit
+        )
         result = EvalResult(step=ckpt["state"]["step"], **metrics)
         run.eval(result)
     return result

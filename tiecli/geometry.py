@@ -236,8 +236,12 @@ def _spectrum(rows, max_values):
     # small ones accurate to ~1e-8 s_1, which is what effective rank needs.
     s = rows.eigh[0].flip(0).clamp_min(0).sqrt()[: min(rows.n, rows.x.shape[1])]  # (r,) desc
     if s[0] == 0:  # an all-zero matrix (e.g. a zero-initialised output layer): no spectrum shape
-        return {"singular_values": s[:max_values].tolist(), "effective_rank": None,
-                "stable_rank": None, "top_share": None}
+        return {
+            "singular_values": s[:max_values].tolist(),
+            "effective_rank": None,
+            "stable_rank": None,
+            "top_share": None,
+        }
     p = s / s.sum()
     entropy = -(p[p > 0] * p[p > 0].log()).sum()
     return {
@@ -463,15 +467,24 @@ def _matched_random_cosine(unit, pair_rows, counts_occ, n_random, seed):
 
 
 def _pair_contrast(rows, pair_rows, counts_occ, n_random, seed):
-    out = {"forms_n_pairs": len(pair_rows), "forms_cosine": None, "forms_random_cosine": None,
-           "forms_matched_cosine": None, "forms_contrast": None}
+    out = {
+        "forms_n_pairs": len(pair_rows),
+        "forms_cosine": None,
+        "forms_random_cosine": None,
+        "forms_matched_cosine": None,
+        "forms_contrast": None,
+    }
     if len(pair_rows) == 0:
         return out
     pairs = torch.from_numpy(pair_rows)  # (P, 2) positions among the occurring rows
     cos = _pair_cosine(rows.unit, pairs[:, 0], pairs[:, 1])
     matched = _matched_random_cosine(rows.unit, pair_rows, counts_occ, n_random, seed)
-    out.update(forms_cosine=cos, forms_random_cosine=_random_pair_cosine(rows, n_random, seed),
-               forms_matched_cosine=matched, forms_contrast=cos - matched)
+    out.update(
+        forms_cosine=cos,
+        forms_random_cosine=_random_pair_cosine(rows, n_random, seed),
+        forms_matched_cosine=matched,
+        forms_contrast=cos - matched,
+    )
     return out
 
 

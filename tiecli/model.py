@@ -61,8 +61,44 @@ class GPTConfig:
         return round(self.shared_fraction * self.n_embd)
 
 
-def _normal(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.randn(*shape) * 0.02)
+INIT_STD = 0.02  # GPT-2's normal init of every matrix
+ZERO_INIT = ("lm_bias", "lm_u")  # token parameters that start at zero (see Embeddings)
+
+
+def _empty(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape))
+
+
+def token_init_std(config: GPTConfig) -> float:
+    """The std of the token matrices' normal init: GPT-2's 0.02, unless `scaled` borrows a scale.
+
+    A scale borrowed without its origin's init is half a recipe. T5 multiplies the logits by
+    1/sqrt(C) and draws its embedding with std 1.0, so logits h . w / sqrt(C) start at std ~1 (h is
+    LayerNorm's output, ~1 per dimension); with 0.02 they would start 50 times smaller. Gemma
+    multiplies the inputs by sqrt(C); its published (inference) code draws the table from a
+    placeholder normal(0.01) and its training init is not published, so we take std 1/sqrt(C): the
+    scaled input rows then have std 1, the scale of the normalised residual stream, which is what
+    the sqrt(C) exists to restore (1.0 would make them sqrt(C) and drown the positions). With both
+    scales the inputs decide, since an input sqrt(C) too large does more harm than logits that
+    start at std 1/sqrt(C).
+    """
+    if config.tying != "scaled":
+        return INIT_STD
+    if config.scale_inputs:
+        return config.n_embd**-0.5
+    return 1.0 if config.scale_logits else INIT_STD
+
+
+def _seeded_generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
+    """Two independent streams from one seed: the transformer body's and the token matrices'.
+
+    Apart, a same-seed pair of tying modes differs only in its token matrices: the body's draws do
+    not wait for however many numbers a mode's token matrices take. device="cpu": the seeds must be
+    numbers even when the model is built on the meta device.
+    """
+    root = torch.Generator().manual_seed(seed)
+    body, tokens = torch.randint(2**62, (2,), generator=root, device="cpu").tolist()
+    return torch.Generator().manual_seed(body), torch.Generator().manual_seed(tokens)
 
 
 class Embeddings(nn.Module):
@@ -82,47 +118,62 @@ class Embeddings(nn.Module):
     input-path and output-path gradients separately in `grads` ("in", "out"); they sum to wte.grad.
     The views are always there (they cost nothing), so the autograd graph and hence every number
     is the same with the diagnostics on or off.
+
+    The matrices are drawn from `generator` (the global RNG when None) in the order declared, wte
+    first, so for one generator seed untied, untied_init, tied, tied_bias and hybrid all start from
+    the same wte (scaled draws it with its own std, partial narrower).
     """
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, generator: torch.Generator | None = None):
         super().__init__()
         V, C = config.vocab_size, config.n_embd
         self.mode = config.tying
+        self.init_std = token_init_std(config)
         self.input_scale = 1.0
         self.logit_scale = 1.0
         self.record_grads = False
         self.grads: dict[str, torch.Tensor] = {}
         if self.mode in ("untied", "untied_init"):
-            self.wte = _normal(V, C)
-            self.lm_head = _normal(V, C)
-            if self.mode == "untied_init":
-                # Same starting point as tied, but free to move apart from step one.
-                self.lm_head.data.copy_(self.wte.data)
+            self.wte = _empty(V, C)
+            self.lm_head = _empty(V, C)
             self.roles = {"wte": "input", "lm_head": "output"}
         elif self.mode == "tied":
-            self.wte = _normal(V, C)
+            self.wte = _empty(V, C)
             self.roles = {"wte": "shared"}
         elif self.mode == "tied_bias":
-            self.wte = _normal(V, C)
-            self.lm_bias = nn.Parameter(torch.zeros(V))
+            self.wte = _empty(V, C)
+            self.lm_bias = _empty(V)
             self.roles = {"wte": "shared", "lm_bias": "output"}
         elif self.mode == "scaled":
-            self.wte = _normal(V, C)
+            self.wte = _empty(V, C)
             self.input_scale = math.sqrt(C) if config.scale_inputs else 1.0
             self.logit_scale = 1 / math.sqrt(C) if config.scale_logits else 1.0
             self.roles = {"wte": "shared"}
         elif self.mode == "partial":
             k = config.n_shared
-            self.wte = _normal(V, k)
-            self.wte_own = _normal(V, C - k)
-            self.lm_head_own = _normal(V, C - k)
+            self.wte = _empty(V, k)
+            self.wte_own = _empty(V, C - k)
+            self.lm_head_own = _empty(V, C - k)
             self.roles = {"wte": "shared", "wte_own": "input", "lm_head_own": "output"}
         elif self.mode == "hybrid":
-            self.wte = _normal(V, C)
-            # lm_u starts at zero so W_out starts equal to W_in, as a LoRA adapter starts at the base.
-            self.lm_u = nn.Parameter(torch.zeros(V, config.rank))
-            self.lm_v = _normal(config.rank, C)
+            self.wte = _empty(V, C)
+            self.lm_u = _empty(V, config.rank)
+            self.lm_v = _empty(config.rank, C)
             self.roles = {"wte": "shared", "lm_u": "output", "lm_v": "output"}
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Normal(0, init_std) in declaration order, from `generator` (the global RNG when None)."""
+        for name, p in self.named_parameters():
+            # lm_u starts at zero so hybrid's W_out starts equal to W_in, as a LoRA adapter starts at the base.
+            if name in ZERO_INIT:
+                p.zero_()
+            else:
+                p.normal_(0.0, self.init_std, generator=generator)
+        if self.mode == "untied_init":
+            # Same starting point as tied, but free to move apart from step one.
+            self.lm_head.copy_(self.wte)
 
     @property
     def shared(self) -> bool:
@@ -225,23 +276,35 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig):
+    """The language model. `seed` alone decides the initial weights, whatever state the global RNG is in.
+
+    The body (positions, blocks, final LayerNorm) and the token matrices draw from two generators
+    derived from the seed, so every tying mode gets the same body for the same seed.
+    """
+
+    def __init__(self, config: GPTConfig, seed: int = 0):
         super().__init__()
         self.config = config
-        self.emb = Embeddings(config)
+        body, tokens = _seeded_generators(seed)
+        self.emb = Embeddings(config, tokens)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self._init_body(body)
+
+    @torch.no_grad()
+    def _init_body(self, generator: torch.Generator) -> None:
+        """GPT-2's init: N(0, 0.02) matrices, zero biases, LayerNorm gains at one (as constructed)."""
         for name, module in self.named_modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            if name.endswith("c_proj"):
-                # GPT-2: scale residual projections by 1/sqrt(2 * n_layer) so the residual stream's
+            if isinstance(module, (nn.Linear, nn.Embedding)):  # the token matrices are Parameters, not these
+                # GPT-2: residual projections get 1/sqrt(2 * n_layer), so the residual stream's
                 # variance does not grow with depth.
-                nn.init.normal_(module.weight, std=0.02 / math.sqrt(2 * config.n_layer))
+                std = INIT_STD / math.sqrt(2 * self.config.n_layer) if name.endswith("c_proj") else INIT_STD
+                module.weight.normal_(0.0, std, generator=generator)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    bias.zero_()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
         """Logits (B, T, V); with targets, the cross-entropy instead: a scalar, or (B, T) for reduction="none"."""
@@ -269,7 +332,9 @@ class GPT(nn.Module):
         for name, p in self.emb.named_parameters():
             counts[role_key[self.emb.roles[name]]] += p.numel()
         counts["positional"] = self.wpe.weight.numel()
-        counts["non_embedding"] = sum(p.numel() for n, p in self.named_parameters() if not n.startswith(("emb.", "wpe.")))
+        counts["non_embedding"] = sum(
+            p.numel() for n, p in self.named_parameters() if not n.startswith(("emb.", "wpe."))
+        )
         counts["total"] = sum(p.numel() for p in self.parameters())
         return counts
 

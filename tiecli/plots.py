@@ -3,7 +3,9 @@
 label, mode, panel, series, target, stats, runs with their curves) and returns a matplotlib Figure, or
 raises NotDrawn saying why; draw_all encodes them as PNG. One panel per comparison set (the groups
 that differ only on the baseline axis, e.g. the tying modes at one model size), in numeric order;
-each line its own colour and marker, the same in every panel."""
+each line its own colour and marker, the same in every panel. A group's target is the convergence
+target of its own pair (the group against its baseline; None for a baseline), so val_loss.png draws
+one target line per pair in a panel."""
 
 import io
 import re
@@ -18,7 +20,18 @@ from matplotlib.ticker import MaxNLocator
 if TYPE_CHECKING:
     from tiecli.report.groups import Group
 
-PALETTE = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
+PALETTE = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:gray",
+    "tab:olive",
+    "tab:cyan",
+)
 MARKERS = "osD^v<>PXph*"  # 12 against 10 colours: 60 lines before a colour and marker pair repeats
 PANEL_WIDTH, PANEL_HEIGHT = 5.2, 4.0  # inches
 TITLE_CHARS_PER_INCH = 9  # a title at matplotlib's "large" size (12 pt) wraps at about this many characters per inch
@@ -47,12 +60,14 @@ def size_order(g: "Group") -> tuple:
 
 def styles(names) -> dict[str, Style]:
     """A colour and marker pair for each distinct name, in the order given."""
-    return {n: Style(n, PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]) for i, n in enumerate(dict.fromkeys(names))}
+    return {
+        n: Style(n, PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)]) for i, n in enumerate(dict.fromkeys(names))
+    }
 
 
 def panels(groups: list["Group"]) -> dict[str, list["Group"]]:
     """The groups by panel: panels by parameter count, then by the numbers in their names; groups likewise."""
-    out = {}
+    out: dict[str, list[Group]] = {}
     for g in sorted(groups, key=size_order):
         out.setdefault(g.panel, []).append(g)
     return dict(sorted(out.items(), key=lambda item: (size_order(item[1][0])[0], natural(item[0]))))
@@ -62,8 +77,11 @@ def panel_styles(groups: list["Group"]) -> dict[str, Style]:
     """Each group's style by label, named by what tells the groups of a panel apart: the tying mode, else
     the series (the label less the model size), else the whole label. Equal names, equal styles."""
     by_panel = panels(groups).values()
-    name = next(f for f in (lambda g: g.mode, lambda g: g.series, lambda g: g.label)
-                if all(len({f(g) for g in members}) == len(members) for members in by_panel))
+    name = next(
+        f
+        for f in (lambda g: g.mode, lambda g: g.series, lambda g: g.label)
+        if all(len({f(g) for g in members}) == len(members) for members in by_panel)
+    )
     style = styles(name(g) for g in sorted(groups, key=size_order))
     return {g.label: style[name(g)] for g in groups}
 
@@ -96,20 +114,23 @@ def label_once(seen: set, label: str) -> str | None:
     return label
 
 
-def per_run_panels(groups, title, axis_labels, has_data, draw, missing) -> Figure:
-    """A panel per comparison set, draw(ax, group, run, style, seen) for every run that has the data;
-    NotDrawn(missing) when no run has it. The x axis (steps or tokens) has whole-number ticks."""
+def per_run_panels(groups, title, axis_labels, has_data, draw, missing, finish=None) -> Figure:
+    """A panel per comparison set, draw(ax, group, run, style, seen) for every run that has the data,
+    then finish(ax, members, style) once per panel when given; NotDrawn(missing) when no run has it.
+    The x axis (steps or tokens) has whole-number ticks."""
     chosen = {p: gs for p, gs in panels(groups).items() if any(has_data(r) for g in gs for r in g.runs)}
     if not chosen:
         raise NotDrawn(missing)
     style = panel_styles(groups)
     fig, axes = grid(len(chosen), title)
     for ax, (panel, members) in zip(axes, chosen.items()):
-        seen = set()
+        seen: set[str] = set()
         for g in members:
             for run in g.runs:
                 if has_data(run):
                     draw(ax, g, run, style[g.label], seen)
+        if finish:
+            finish(ax, members, style)
         ax.set_title(wrap(panel, PANEL_WIDTH))
         ax.set_xlabel(axis_labels[0])
         ax.set_ylabel(axis_labels[1])
@@ -119,64 +140,153 @@ def per_run_panels(groups, title, axis_labels, has_data, draw, missing) -> Figur
     return fig
 
 
+def pair_targets(ax, members: list["Group"], style: dict[str, Style]) -> None:
+    """A dotted line at the convergence target of each compared pair in the panel, in the colour of the
+    pair's group (not its baseline) and labelled "target: GROUP vs BASELINE". The baseline is named when
+    it is the panel's one group without a target (the usual case: the panel is the groups that differ
+    only on the baseline axis), else "its baseline". Pairs with the same target (--target-loss) share
+    one black line that names them all."""
+    bases = [g for g in members if g.target is None]
+    against = style[bases[0].label].name if len(bases) == 1 else "its baseline"
+    by_target: dict[float, list[Group]] = {}
+    for g in members:
+        if g.target is not None:
+            by_target.setdefault(g.target, []).append(g)
+    for target, pair in by_target.items():
+        colour = style[pair[0].label].colour if len(pair) == 1 else "black"
+        names = ", ".join(style[g.label].name for g in pair)
+        ax.axhline(target, color=colour, ls=":", lw=1.3, zorder=0, label=f"target: {names} vs {against}")
+
+
 def val_loss(groups: list["Group"]) -> Figure:
     def draw(ax, g, run, style, seen):
-        steps, tokens, loss = zip(*run.curve)
-        ax.plot(tokens, loss, color=style.colour, marker=style.marker, ms=4, lw=1, alpha=0.8, label=label_once(seen, style.name))
-        if g.target is not None and "target" not in seen:
-            ax.axhline(g.target, color="black", ls=":", lw=1, label=label_once(seen, "target"))
+        _, tokens, loss = zip(*run.curve)
+        ax.plot(
+            tokens,
+            loss,
+            color=style.colour,
+            marker=style.marker,
+            ms=4,
+            lw=1,
+            alpha=0.8,
+            label=label_once(seen, style.name),
+        )
 
-    return per_run_panels(groups, "Validation loss during training (in-training subset; one line per seed)",
-                          ("tokens seen", "validation loss (nats)"), lambda r: bool(r.curve), draw,
-                          "no run has in-training validation losses")
+    return per_run_panels(
+        groups,
+        "Validation loss during training (in-training subset; one line per seed; dotted: the "
+        "convergence target of each compared pair, in its group's colour; black when pairs share it)",
+        ("tokens seen", "validation loss (nats)"),
+        lambda r: bool(r.curve),
+        draw,
+        "no run has in-training validation losses",
+        pair_targets,
+    )
 
 
 def grad_cos(groups: list["Group"]) -> Figure:
     def draw(ax, g, run, style, seen):
         steps, cos = zip(*run.grad)
-        ax.plot(steps, cos, color=style.colour, marker=style.marker, ms=3, lw=1, alpha=0.8, label=label_once(seen, style.name))
+        ax.plot(
+            steps,
+            cos,
+            color=style.colour,
+            marker=style.marker,
+            ms=3,
+            lw=1,
+            alpha=0.8,
+            label=label_once(seen, style.name),
+        )
         ax.axhline(0, color="black", lw=0.6)
 
-    return per_run_panels(groups, "Cosine of the input-path and output-path gradients of the token matrices (one line per seed)",
-                          ("step", "cos(G_in, G_out)"), lambda r: bool(r.grad), draw,
-                          "no run has gradient statistics (diag.every = 0)")
+    return per_run_panels(
+        groups,
+        "Cosine of the input-path and output-path gradients of the token matrices (one line per seed)",
+        ("step", "cos(G_in, G_out)"),
+        lambda r: bool(r.grad),
+        draw,
+        "no run has gradient statistics (diag.every = 0)",
+    )
 
 
 def drift(groups: list["Group"]) -> Figure:
     def draw(ax, g, run, style, seen):
         steps, d_in, d_out = zip(*run.drift)
         if run.tied_geometry:  # one matrix: a thick line over the untied ones, which show through it
-            ax.plot(steps, d_in, color=style.colour, marker=style.marker, lw=2.5, alpha=0.75, zorder=3,
-                    label=label_once(seen, f"{style.name} input = output"))
+            ax.plot(
+                steps,
+                d_in,
+                color=style.colour,
+                marker=style.marker,
+                lw=2.5,
+                alpha=0.75,
+                zorder=3,
+                label=label_once(seen, f"{style.name} input = output"),
+            )
             return
-        ax.plot(steps, d_in, color=style.colour, marker=style.marker, lw=1.2, zorder=2, label=label_once(seen, f"{style.name} input"))
+        ax.plot(
+            steps,
+            d_in,
+            color=style.colour,
+            marker=style.marker,
+            lw=1.2,
+            zorder=2,
+            label=label_once(seen, f"{style.name} input"),
+        )
         if any(d is not None for d in d_out):
-            ax.plot(steps, d_out, color=style.colour, marker=style.marker, mfc="white", lw=1.2, ls="--", zorder=1,
-                    label=label_once(seen, f"{style.name} output"))
+            ax.plot(
+                steps,
+                d_out,
+                color=style.colour,
+                marker=style.marker,
+                mfc="white",
+                lw=1.2,
+                ls="--",
+                zorder=1,
+                label=label_once(seen, f"{style.name} output"),
+            )
 
-    return per_run_panels(groups, "Drift from initialisation |W - W0| / |W0| (thick: the one tied matrix; "
-                          "thin solid: input embedding, dashed: output matrix)",
-                          ("step", "relative drift"), lambda r: bool(r.drift), draw, "no run has geometry entries (diag.geometry off)")
+    return per_run_panels(
+        groups,
+        "Drift from initialisation |W - W0| / |W0|, descriptive: no verdict uses it (thick: the one "
+        "tied matrix; thin solid: input embedding, dashed: output matrix)",
+        ("step", "relative drift"),
+        lambda r: bool(r.drift),
+        draw,
+        "no run has geometry entries (diag.geometry off)",
+    )
 
 
 def ppl_vs_params(groups: list["Group"]) -> Figure:
     points = sorted((g for g in groups if g.stats["perplexity"]), key=size_order)
     sizes = {g.params["non_embedding"] for g in points}
     if len(sizes) < 2:
-        raise NotDrawn("one model size: perplexity against parameters needs two or more" if sizes else
-                       "no group has a validation perplexity")
-    series = {}
+        raise NotDrawn(
+            "one model size: perplexity against parameters needs two or more"
+            if sizes
+            else "no group has a validation perplexity"
+        )
+    series: dict[str, list[Group]] = {}
     for g in points:
         series.setdefault(g.series, []).append(g)
     style = styles(series)
-    fig, (ax,) = grid(1, "Validation perplexity vs non-embedding parameters (mean over seeds; bars: 95% CI, none with one seed)")
+    fig, (ax,) = grid(
+        1, "Validation perplexity vs non-embedding parameters (mean over seeds; bars: 95% CI, none with one seed)"
+    )
     for name, members in series.items():
         cis = [g.stats["perplexity"] for g in members]
         y = [ci.mean for ci in cis]
         low = [ci.mean - (ci.low if ci.low is not None else ci.mean) for ci in cis]
         high = [(ci.high if ci.high is not None else ci.mean) - ci.mean for ci in cis]
-        ax.errorbar([g.params["non_embedding"] for g in members], y, yerr=[low, high], color=style[name].colour,
-                    marker=style[name].marker, capsize=4, label=name)
+        ax.errorbar(
+            [g.params["non_embedding"] for g in members],
+            y,
+            yerr=[low, high],
+            color=style[name].colour,
+            marker=style[name].marker,
+            capsize=4,
+            label=name,
+        )
     ax.set_xscale("log")
     ax.set_xlabel("non-embedding parameters")
     ax.set_ylabel("validation perplexity")
@@ -193,9 +303,18 @@ def spectra(groups: list["Group"]) -> Figure:
     fig, axes = grid(2, "Singular values at the last geometry step (each group's lowest seed)")
     for side, ax in enumerate(axes):
         for g in measured:
+            assert g.runs[0].spectra is not None  # measured keeps only groups whose first run has spectra
             values = g.runs[0].spectra[side]
-            ax.plot(range(1, len(values) + 1), values, color=style[g.label].colour, marker=style[g.label].marker,
-                    markevery=max(1, len(values) // 8), ms=4, lw=1.2, label=g.label + (" (shared)" if g.runs[0].tied_geometry else ""))
+            ax.plot(
+                range(1, len(values) + 1),
+                values,
+                color=style[g.label].colour,
+                marker=style[g.label].marker,
+                markevery=max(1, len(values) // 8),
+                ms=4,
+                lw=1.2,
+                label=g.label + (" (shared)" if g.runs[0].tied_geometry else ""),
+            )
         ax.set_yscale("log")
         ax.set_title(("input embedding", "output matrix")[side])
         ax.set_xlabel("index (descending)")
@@ -206,8 +325,13 @@ def spectra(groups: list["Group"]) -> Figure:
     return fig
 
 
-FIGURES = {"val_loss.png": val_loss, "ppl_vs_params.png": ppl_vs_params, "grad_cos.png": grad_cos,
-           "drift.png": drift, "spectra.png": spectra}
+FIGURES = {
+    "val_loss.png": val_loss,
+    "ppl_vs_params.png": ppl_vs_params,
+    "grad_cos.png": grad_cos,
+    "drift.png": drift,
+    "spectra.png": spectra,
+}
 
 
 def draw_all(groups: list["Group"]) -> tuple[dict[str, bytes], list[str]]:

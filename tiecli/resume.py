@@ -2,22 +2,31 @@
 """A resumed run trains with its own config.yaml; overrides may only extend it.
 
 Retyping the overrides is never needed. Overrides given with --resume may change the keys that do
-not alter what was already trained (EXTENDABLE, and every diag.* and logger.* key); any other key or
-group must keep its value. Extending train.max_steps or train.max_tokens recomputes the cosine
+not alter what was already trained (EXTENDABLE, and every diag.* key); any other key or group must
+keep its value. Extending train.max_steps or train.max_tokens recomputes the cosine
 schedule over the new total: from the resume step on, the learning rate is the new schedule's.
 """
 
 import copy
 from pathlib import Path
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
 from tiecli import config, rundir
 from tiecli.errors import ConfigError, TiecliError
 
-EXTENDABLE = ("train.max_steps", "train.max_tokens", "train.eval_interval", "train.eval_batches",
-              "train.log_interval", "train.checkpoint_interval")
-EXTENDABLE_PREFIXES = ("diag.", "logger.")
+EXTENDABLE = (
+    "train.max_steps",
+    "train.max_tokens",
+    "train.eval_interval",
+    "train.evals",
+    "train.eval_batches",
+    "train.log_interval",
+    "train.checkpoint_interval",
+    "eval.test",
+)
+EXTENDABLE_PREFIXES = ("diag.",)
 
 
 def resume_config(stored: DictConfig, choices: dict[str, str], overrides: list[str]) -> DictConfig:
@@ -29,22 +38,28 @@ def resume_config(stored: DictConfig, choices: dict[str, str], overrides: list[s
         key = o.key_or_group
         if key in config.GROUPS:
             if str(o.value()) != choices.get(key):
-                raise ConfigError(f"this run was trained with {key}={choices.get(key)}; --resume cannot change it "
-                                  "(start a new run with another --name)")
+                raise ConfigError(
+                    f"this run was trained with {key}={choices.get(key)}; --resume cannot change it "
+                    "(start a new run with another --name)"
+                )
             continue
         if OmegaConf.select(cfg, key, default="__absent__") == "__absent__":
             raise ConfigError(f"unknown config key {key!r} in this run's config.yaml")
         OmegaConf.update(cfg, key, o.value(), merge=False)
-    old = rundir.flatten(OmegaConf.to_container(stored, resolve=True))
-    new = rundir.flatten(OmegaConf.to_container(cfg, resolve=True))
+    old = rundir.flatten(cast(dict, OmegaConf.to_container(stored, resolve=True)))
+    new = rundir.flatten(cast(dict, OmegaConf.to_container(cfg, resolve=True)))
     for key in sorted(old.keys() | new.keys()):
         if old.get(key) != new.get(key) and key not in EXTENDABLE and not key.startswith(EXTENDABLE_PREFIXES):
-            raise ConfigError(f"{key} was {old.get(key)!r} in this run; --resume may only change "
-                              f"{', '.join(EXTENDABLE)} and diag.*/logger.* keys (start a new run with another --name)")
+            raise ConfigError(
+                f"{key} was {old.get(key)!r} in this run; --resume may only change "
+                f"{', '.join(EXTENDABLE)} and diag.* keys (start a new run with another --name)"
+            )
     return cfg
 
 
-def plan(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None) -> tuple[Path | None, DictConfig, dict]:
+def plan(
+    runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None
+) -> tuple[Path | None, DictConfig, dict]:
     """The run to resume, the config it continues with and the files to rewrite (config.yaml).
 
     The path is None when there is nothing to do: a completed run the overrides do not extend.
@@ -59,6 +74,8 @@ def plan(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Pat
     cfg = resume_config(OmegaConf.create(reader.config()), reader.overrides()["choices"], overrides)
     summary = reader.summary()
     if summary.status == "completed" and config.to_config(cfg).max_steps <= summary.step:
-        print(f"run {name} is already complete (step {summary.step}); extend it with e.g. train.max_steps={2 * summary.step}")
+        print(
+            f"run {name} is already complete (step {summary.step}); extend it with e.g. train.max_steps={2 * summary.step}"
+        )
         return None, cfg, {}
     return path, cfg, {rundir.CONFIG: config.to_yaml(cfg)}

@@ -37,7 +37,13 @@ import yaml
 from tiecli.errors import TiecliError
 
 FORMAT = 1
-CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = "config.yaml", "overrides.yaml", "metrics.jsonl", "summary.json", "eval.json"
+CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = (
+    "config.yaml",
+    "overrides.yaml",
+    "metrics.jsonl",
+    "summary.json",
+    "eval.json",
+)
 GEOMETRY, LOCK = "geometry.json", ".lock"
 CHECKPOINT = Path("checkpoints") / "last.pt"
 INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
@@ -117,7 +123,12 @@ class EvalResult:
     by_bucket: dict[str, dict]
 
     def brief(self) -> dict:
-        return {"loss": self.loss, "perplexity": self.perplexity, "bits_per_byte": self.bits_per_byte, "n_tokens": self.n_tokens}
+        return {
+            "loss": self.loss,
+            "perplexity": self.perplexity,
+            "bits_per_byte": self.bits_per_byte,
+            "n_tokens": self.n_tokens,
+        }
 
 
 @dataclass
@@ -181,7 +192,9 @@ def read_manifest(path: Path) -> SweepManifest:
     if not isinstance(obj, dict) or not isinstance(obj.get("jobs"), list):
         raise FormatError(what)
     manifest = parse_record(SweepManifest, {**obj, "jobs": []}, what)
-    manifest.jobs = [parse_record(SweepJob, job, what + " (a job lacks a field or has a bad one)") for job in obj["jobs"]]
+    manifest.jobs = [
+        parse_record(SweepJob, job, what + " (a job lacks a field or has a bad one)") for job in obj["jobs"]
+    ]
     bad = next((job for job in manifest.jobs if job.state not in JOB_STATES), None)
     if bad is not None:
         raise FormatError(f"{what} (job {bad.name!r} has state {bad.state!r}; valid: {', '.join(JOB_STATES)})")
@@ -224,8 +237,11 @@ def parse_record(cls, obj, what: str):
             values[key] = value
         else:
             extra[key] = value
-    missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING]
+    missing = [
+        n
+        for n, f in fields.items()
+        if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise FormatError(f"{what} (no {missing[0]!r} field)")
     if "diag" in fields:
@@ -238,7 +254,9 @@ def parse_record(cls, obj, what: str):
 def check_format(obj, where: str) -> None:
     version = obj.get("format", FORMAT) if isinstance(obj, dict) else FORMAT
     if not isinstance(version, int) or version > FORMAT:
-        raise FormatError(f"{where} has format {version!r}, newer than this tiecli reads ({FORMAT}); upgrade tiecli to read it")
+        raise FormatError(
+            f"{where} has format {version!r}, newer than this tiecli reads ({FORMAT}); upgrade tiecli to read it"
+        )
 
 
 # --- files ------------------------------------------------------------------------------------------
@@ -330,6 +348,8 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 class Lock:
     """An exclusive flock on a file: one writer per run (or sweep). The OS drops it when the process dies."""
+
+    fd: int | None
 
     def __init__(self, path: Path, what: str):
         self.path, self.what, self.fd = Path(path), what, None
@@ -469,7 +489,10 @@ class RunReader:
         check_format(obj, f"run {self.name}: {EVAL}")
         if not isinstance(obj, dict) or not isinstance(obj.get("splits"), dict):
             raise FormatError(self._what(EVAL, "a record of evaluations"))
-        return {s: parse_record(EvalResult, e, self._what(EVAL, f"a record of evaluations ({s})")) for s, e in obj["splits"].items()}
+        return {
+            s: parse_record(EvalResult, e, self._what(EVAL, f"a record of evaluations ({s})"))
+            for s, e in obj["splits"].items()
+        }
 
     def geometry(self) -> list[GeometryEntry]:
         path = self.path / GEOMETRY
@@ -479,7 +502,9 @@ class RunReader:
         check_format(obj, f"run {self.name}: {GEOMETRY}")
         if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
             raise FormatError(self._what(GEOMETRY, "a list of geometry entries"))
-        return [parse_record(GeometryEntry, e, self._what(GEOMETRY, "a list of geometry entries")) for e in obj["entries"]]
+        return [
+            parse_record(GeometryEntry, e, self._what(GEOMETRY, "a list of geometry entries")) for e in obj["entries"]
+        ]
 
     def final_val(self) -> dict | None:
         """The full validation split's metrics: eval.json's val, else summary.json's final_val."""
@@ -492,15 +517,20 @@ class RunReader:
         return checkpoint.load(self.path / CHECKPOINT, self.name)
 
     def snapshot_steps(self) -> list[int]:
-        return sorted(int(p.stem.removeprefix("step_")) for p in (self.path / SNAPSHOTS).glob("step_*.pt")
-                      if p.stem.removeprefix("step_").isdigit())
+        return sorted(
+            int(p.stem.removeprefix("step_"))
+            for p in (self.path / SNAPSHOTS).glob("step_*.pt")
+            if p.stem.removeprefix("step_").isdigit()
+        )
 
     def check_corpus(self, key: str) -> None:
         """Refuse to resume or evaluate a run on data other than what it was trained on."""
         trained = self.summary().corpus.get("key")
         if trained is not None and trained != key:
-            raise TiecliError(f"the data or tokenizer changed since {self.name!r} was trained "
-                              f"(corpus key {trained}, now {key}): its token ids would not mean the same")
+            raise TiecliError(
+                f"the data or tokenizer changed since {self.name!r} was trained "
+                f"(corpus key {trained}, now {key}): its token ids would not mean the same"
+            )
 
 
 # --- writing -----------------------------------------------------------------------------------------
@@ -588,6 +618,10 @@ class RunWriter:
     def save(self, relative: Path, data: bytes) -> None:
         """A checkpoint file (serialised by the caller) at a path inside the run."""
         atomic_write(self.path / relative, data)
+
+    def remove_snapshot(self, step: int) -> None:
+        """Delete one step's token-matrix snapshot (train thins them to diag.max_snapshots)."""
+        (self.path / SNAPSHOTS / f"step_{step}.pt").unlink(missing_ok=True)
 
     def truncate_after(self, last_step: int) -> None:
         """Forget what the run recorded after last_step (-1: everything): a resume is about to redo it."""

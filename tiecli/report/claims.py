@@ -10,10 +10,23 @@ applies, an equivalence p-value against +-SESOI; both are Holm-adjusted across t
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import cast
 
 from tiecli.errors import TiecliError
 from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group
-from tiecli.report.stats import ALPHA, Comparison, Interval, ci_text, compare, gap, holm, mean_ci, ppl_change, slope, t_tests
+from tiecli.report.stats import (
+    ALPHA,
+    Comparison,
+    Interval,
+    ci_text,
+    compare,
+    gap,
+    holm,
+    mean_ci,
+    ppl_change,
+    slope,
+    t_tests,
+)
 
 # C1's own range for the share tying saves: the hypothesis under test, not an expected result.
 C1_CLAIMED_SHARE = (0.15, 0.30)
@@ -29,37 +42,38 @@ VERDICT_RULE = (
     "the 95% interval lies inside +-SESOI); Holm-Bonferroni correction is on, across the report's rows, once over the tests "
     "against 0 and once over the equivalence tests. supported / contradicted: Holm p < 0.05, the mean on the claimed / the "
     "other side of 0 and |mean| >= SESOI; negligible: Holm p < 0.05 but |mean| < SESOI; equivalent: equivalence Holm p < 0.05; "
-    "inconclusive: neither, or one seed (no test); no data: the runs lack what the row measures, named")
+    "inconclusive: neither, or one seed (no test); no data: the runs lack what the row measures, named"
+)
 CLAIM_RULES = {
     "R2": "the tied-away V x C matrix (untied total - tied total, from summary.json) against the largest other tensors, "
-          "the MLP's 4C x C; deterministic (no seeds, no test). Supported when the token matrix is larger, contradicted otherwise.",
+    "the MLP's 4C x C; deterministic (no seeds, no test). Supported when the token matrix is larger, contradicted otherwise.",
     "C1": "parameter share saved by tying = (untied total - tied total) / untied total, from summary.json at equal "
-          f"architecture; deterministic (no seeds, no test). Supported inside C1's claimed {C1_CLAIMED_SHARE[0]:.0%}-"
-          f"{C1_CLAIMED_SHARE[1]:.0%}, contradicted outside.",
+    f"architecture; deterministic (no seeds, no test). Supported inside C1's claimed {C1_CLAIMED_SHARE[0]:.0%}-"
+    f"{C1_CLAIMED_SHARE[1]:.0%}, contradicted outside.",
     "R4": "per seed, Δcos = (tied run's mean over training of cos(G_in, G_out)) - (untied run's, same size and seed); claimed "
-          "below 0, SESOI cos. The untied figure is the cosine between the gradients of two different matrices at different "
-          "weights, NOT the cosine a tied model would see at the same weights: a reference for two unrelated paths of this "
-          "model, not a counterfactual. Also shown, not judged: the tied runs' mean grad_cos_z (grad_cos_present against its "
-          "row-permutation null) and grad_norm_lost_pct (% of the summed gradient's norm lost to cancellation, mean over training).",
+    "below 0, SESOI cos. The untied figure is the cosine between the gradients of two different matrices at different "
+    "weights, NOT the cosine a tied model would see at the same weights: a reference for two unrelated paths of this "
+    "model, not a counterfactual. Also shown, not judged: the tied runs' mean grad_cos_z (grad_cos_present against its "
+    "row-permutation null) and grad_norm_lost_pct (% of the summed gradient's norm lost to cancellation, mean over training).",
     "R3": "untied runs, last geometry entry: related-form contrast of the input matrix minus that of the output matrix "
-          "(contrast = pair cosine - random-pair cosine); claimed above 0, SESOI cos.",
+    "(contrast = pair cosine - random-pair cosine); claimed above 0, SESOI cos.",
     "C2/C7": "untied and untied_init runs (tied: one matrix, close by construction): per seed ΔCKA = linear CKA(W_in, W_out) "
-             "at the last geometry entry - at step 0. If the tie is what keeps the spaces close, without it they move apart: "
-             "claimed below 0, SESOI cka. untied_init starts at CKA 1 and distance |W_in - W_out|/|W_in| 0, so its row says "
-             "whether identical spaces stay close with no tie. Drift from each matrix's own init is shown (dynamics "
-             "table, drift.png) but not judged: under Adam every matrix with a gradient each step drifts about as far.",
+    "at the last geometry entry - at step 0. If the tie is what keeps the spaces close, without it they move apart: "
+    "claimed below 0, SESOI cka. untied_init starts at CKA 1 and distance |W_in - W_out|/|W_in| 0, so its row says "
+    "whether identical spaces stay close with no tie. Drift from each matrix's own init is shown (dynamics "
+    "table, drift.png) but not judged: under Adam every matrix with a gradient each step drifts about as far.",
     "R6/C3": "steps to the pair's convergence target, tied vs untied, paired by seed, in % of the untied steps; no SESOI. "
-             "R6 claims above 0 (untied faster), C3 below 0 (tied faster): one test, counted once, read both ways.",
+    "R6 claims above 0 (untied faster), C3 below 0 (tied faster): one test, counted once, read both ways.",
     "C6": "per seed Δloss = tied - untied final loss (log perplexity; the test split when every run of the pair has one, "
-          "else val), t-interval; shown as % perplexity 100 (exp(Δloss) - 1) with the bounds transformed alike; claimed below 0, SESOI ppl.",
+    "else val), t-interval; shown as % perplexity 100 (exp(Δloss) - 1) with the bounds transformed alike; claimed below 0, SESOI ppl.",
     "R5/C6": "two parts, both shown and tested: (smallest size) the C6 row of the ladder's smallest size (the same test, counted "
-             "once), claimed below 0 (tying helps the small model), SESOI ppl; (trend) least-squares slope of the per-seed Δloss against log10 non-embedding "
-             "parameters, 95% interval from t(n-2), claimed above 0 (the help shrinks as models grow). The claim is supported "
-             "when both parts are; contradicted when either is; else negligible or equivalent when a part is; else inconclusive.",
+    "once), claimed below 0 (tying helps the small model), SESOI ppl; (trend) least-squares slope of the per-seed Δloss against log10 non-embedding "
+    "parameters, 95% interval from t(n-2), claimed above 0 (the help shrinks as models grow). The claim is supported "
+    "when both parts are; contradicted when either is; else negligible or equivalent when a part is; else inconclusive.",
     "R5": "the slope of the per-seed Δloss against log10 tokens seen, across token budgets; claimed above 0 (with more data "
-          "untying gains).",
+    "untying gains).",
     "R5/C2 gap": "per seed, tied gap - untied gap, gap = val loss - train loss (eval.json's val and train when present, else "
-                 "the last metrics.jsonl row with val_loss and train_eval_loss); claimed below 0 (tying regularises), SESOI ppl.",
+    "the last metrics.jsonl row with val_loss and train_eval_loss); claimed below 0 (tying regularises), SESOI ppl.",
 }
 TEXTS = {
     "R2": "the vocabulary matrix is the largest single tensor, so tying saves a large share of parameters",
@@ -121,29 +135,52 @@ def parse_sesoi(items: list[str]) -> dict[str, float]:
 def margins(sesoi: dict[str, float]) -> dict[str, tuple[float, str]]:
     """Each SESOI in its quantity's units, with its text: ppl becomes a Δloss margin."""
     loss = math.log1p(sesoi["ppl"] / 100)
-    return {"ppl": (loss, f"{sesoi['ppl']:g}% ppl (|Δloss| {loss:.3g})"), "cos": (sesoi["cos"], f"{sesoi['cos']:g} cos"),
-            "cka": (sesoi["cka"], f"{sesoi['cka']:g} CKA")}
+    return {
+        "ppl": (loss, f"{sesoi['ppl']:g}% ppl (|Δloss| {loss:.3g})"),
+        "cos": (sesoi["cos"], f"{sesoi['cos']:g} cos"),
+        "cka": (sesoi["cka"], f"{sesoi['cka']:g} CKA"),
+    }
 
 
 def loss_text(ci: Interval | None) -> str:
     return f"{ci_text(ppl_change(ci), 3, ' %')} ppl (Δloss {ci_text(ci)})"
 
 
-def tested(claim_id: str, comparison: str, figure: str, values: list[float], direction: int, margin=None, show=ci_text, note="") -> Claim:
+def tested(
+    claim_id: str, comparison: str, figure: str, values: list[float], direction: int, margin=None, show=ci_text, note=""
+) -> Claim:
     """A row judged on per-seed values: their 95% interval, the t-test against 0 and, with a margin, the equivalence test."""
     sesoi, sesoi_text = margin or (None, "")
     ci = mean_ci(values)
     p, p_equiv = t_tests(values, sesoi)
-    return Claim(claim_id, TEXTS[claim_id], comparison, figure, show(ci), interval=ci, direction=direction, sesoi=sesoi,
-                 sesoi_text=sesoi_text, p=p, p_equiv=p_equiv, note=note)
+    return Claim(
+        claim_id,
+        TEXTS[claim_id],
+        comparison,
+        figure,
+        show(ci),
+        interval=ci,
+        direction=direction,
+        sesoi=sesoi,
+        sesoi_text=sesoi_text,
+        p=p,
+        p_equiv=p_equiv,
+        note=note,
+    )
 
 
 def missing(claim_id: str, needs: str) -> Claim:
     return Claim(claim_id, TEXTS[claim_id], "-", "-", "-", f"no data: needs {needs}", "nothing to test")
 
 
-def claims(groups: list[Group], tied: str = "tied", untied: str = "untied", sesoi: dict[str, float] | None = None,
-           target: float | None = None, free: tuple[str, ...] = ()) -> list[Claim]:
+def claims(
+    groups: list[Group],
+    tied: str = "tied",
+    untied: str = "untied",
+    sesoi: dict[str, float] | None = None,
+    target: float | None = None,
+    free: tuple[str, ...] = (),
+) -> list[Claim]:
     """The claims table, judged: groups with tying=`tied` against those with tying=`untied` (free: the
     keys --select chose per group); target: a fixed convergence target (--target-loss)."""
     margin = margins(sesoi or SESOI_DEFAULTS)
@@ -155,11 +192,27 @@ def claims(groups: list[Group], tied: str = "tied", untied: str = "untied", seso
     rows += forms_claims([g for g in groups if g.mode == untied], untied, margin["cos"])
     rows += agreement_claims([g for g in groups if g.mode in (untied, UNTIED_INIT)], untied, margin["cka"])
     rows += convergence_claims(pairs, same_size)
-    rows += [tested("C6", c.group.label, f"validation table ({c.split} split)", c.delta_loss(c.split), -1, margin["ppl"], loss_text)
-             for c in pairs] or [missing("C6", same_size)]
+    rows += [
+        tested(
+            "C6",
+            c.group.label,
+            f"validation table ({c.split} split)",
+            c.delta_loss(c.split),
+            -1,
+            margin["ppl"],
+            loss_text,
+        )
+        for c in pairs
+    ] or [missing("C6", same_size)]
     rows += size_claims(pairs, axis, f"{tied} and {untied} runs at two or more model sizes")
-    rows += trend_claims(pairs, axis, BUDGET_KEYS, lambda g: g.runs[0].tokens, "R5",
-                         f"{tied} and {untied} runs at two or more values of tokens seen")
+    rows += trend_claims(
+        pairs,
+        axis,
+        BUDGET_KEYS,
+        lambda g: g.runs[0].tokens,
+        "R5",
+        f"{tied} and {untied} runs at two or more values of tokens seen",
+    )
     rows += gap_claims(pairs, margin["ppl"], tied, untied)
     return derive(judge(rows))
 
@@ -185,13 +238,19 @@ def verdict(row: Claim) -> tuple[str, str]:
     ci = row.interval
     if ci is None or row.p is None:
         return "inconclusive", "one seed: no spread, so no interval and no test"
+    assert row.p_holm is not None  # judge() Holm-adjusts every row that has a p
     tested_p = f"Holm p {row.p_holm:.2g} (raw {row.p:.2g})"
     if row.p_holm < ALPHA:
         side = "above" if ci.mean > 0 else "below"
         if row.sesoi and abs(ci.mean) < row.sesoi:
-            return "negligible", f"{tested_p} < {ALPHA:g}, {side} 0, but |mean| {abs(ci.mean):.3g} < SESOI {row.sesoi_text}"
+            return (
+                "negligible",
+                f"{tested_p} < {ALPHA:g}, {side} 0, but |mean| {abs(ci.mean):.3g} < SESOI {row.sesoi_text}",
+            )
         result = "supported" if (ci.mean > 0) == (row.direction > 0) else "contradicted"
-        return result, f"{tested_p} < {ALPHA:g}, {side} 0" + (f", |mean| >= SESOI {row.sesoi_text}" if row.sesoi else "")
+        return result, f"{tested_p} < {ALPHA:g}, {side} 0" + (
+            f", |mean| >= SESOI {row.sesoi_text}" if row.sesoi else ""
+        )
     if row.p_equiv_holm is not None and row.p_equiv_holm < ALPHA:
         return "equivalent", f"equivalence Holm p {row.p_equiv_holm:.2g} < {ALPHA:g}: within +-{row.sesoi_text}"
     equiv = f"; equivalence Holm p {row.p_equiv_holm:.2g}" if row.p_equiv_holm is not None else ""
@@ -208,10 +267,25 @@ def derive(rows: list[Claim]) -> list[Claim]:
         out.append(c3)
     for trend in (r for r in rows if r.claim == "R5/C6 (trend)"):
         c6 = next(r for r in rows if r.claim == "C6" and r.comparison == trend.comparison.split(LADDER)[0])
-        part = dataclasses.replace(c6, claim="R5/C6 (smallest size)", says=TEXTS["R5/C6 (smallest size)"],
-                                   comparison=trend.comparison, measured=f"{c6.comparison}: {c6.measured} (the C6 row)")
-        out += [part, Claim("R5/C6", TEXTS["R5/C6"], trend.comparison, trend.figure, f"smallest size: {part.verdict}; trend: {trend.verdict}",
-                            both(part.verdict, trend.verdict), "the claim needs both parts: tied better at the smallest size, the gap rising with size")]
+        part = dataclasses.replace(
+            c6,
+            claim="R5/C6 (smallest size)",
+            says=TEXTS["R5/C6 (smallest size)"],
+            comparison=trend.comparison,
+            measured=f"{c6.comparison}: {c6.measured} (the C6 row)",
+        )
+        out += [
+            part,
+            Claim(
+                "R5/C6",
+                TEXTS["R5/C6"],
+                trend.comparison,
+                trend.figure,
+                f"smallest size: {part.verdict}; trend: {trend.verdict}",
+                both(part.verdict, trend.verdict),
+                "the claim needs both parts: tied better at the smallest size, the gap rising with size",
+            ),
+        ]
     return sorted(out, key=lambda r: ORDER.index(r.claim))
 
 
@@ -219,7 +293,9 @@ def both(smallest: str, trend: str) -> str:
     verdicts = (smallest, trend)
     if verdicts == ("supported", "supported"):
         return "supported"
-    return next((result for result in ("contradicted", "negligible", "equivalent") if result in verdicts), "inconclusive")
+    return next(
+        (result for result in ("contradicted", "negligible", "equivalent") if result in verdicts), "inconclusive"
+    )
 
 
 def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
@@ -232,14 +308,29 @@ def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
         share = c.saved_params / total
         n_embd = c.group.setting["model.n_embd"]
         matrix, mlp = c.saved_params, 4 * n_embd * n_embd  # V x C against the largest other tensors, the MLP's 4C x C
-        rows.append(Claim("R2", TEXTS["R2"], c.group.label, "parameters table",
-                          f"V x C = {matrix:,} vs the MLP's 4C x C = {mlp:,}; tying saves {share:.1%} of {total:,}",
-                          "supported" if matrix > mlp else "contradicted",
-                          f"the token matrix is {'' if matrix > mlp else 'not '}the largest tensor (exact counts: no test)"))
+        rows.append(
+            Claim(
+                "R2",
+                TEXTS["R2"],
+                c.group.label,
+                "parameters table",
+                f"V x C = {matrix:,} vs the MLP's 4C x C = {mlp:,}; tying saves {share:.1%} of {total:,}",
+                "supported" if matrix > mlp else "contradicted",
+                f"the token matrix is {'' if matrix > mlp else 'not '}the largest tensor (exact counts: no test)",
+            )
+        )
         inside = C1_CLAIMED_SHARE[0] <= share <= C1_CLAIMED_SHARE[1]
-        rows.append(Claim("C1", TEXTS["C1"], c.group.label, "parameters table",
-                          f"{c.saved_params:,} saved = {share:.1%} of {total:,}", "supported" if inside else "contradicted",
-                          f"{'inside' if inside else 'outside'} the claimed range (exact counts: no test)"))
+        rows.append(
+            Claim(
+                "C1",
+                TEXTS["C1"],
+                c.group.label,
+                "parameters table",
+                f"{c.saved_params:,} saved = {share:.1%} of {total:,}",
+                "supported" if inside else "contradicted",
+                f"{'inside' if inside else 'outside'} the claimed range (exact counts: no test)",
+            )
+        )
     return rows
 
 
@@ -251,10 +342,24 @@ def gradient_claims(pairs: list[Comparison], tied_groups: list[Group], tied: str
     for c in pairs:
         values = c.delta(lambda r: r.diag.get("grad_cos"))
         if values:
-            tied_mean = {k: mean_ci(r.diag.get(k) for r in c.group.runs) for k in ("grad_cos", "grad_cos_z", "grad_norm_lost_pct")}
-            shown = ", ".join(f"{name} {ci.mean:.3g}" for name, ci in zip(("tied cos", "z", "norm lost %"), tied_mean.values()) if ci)
-            rows.append(tested("R4", c.group.label, "gradient table, grad_cos.png", values, -1, margin,
-                               lambda ci, s=shown: f"Δcos {ci_text(ci)}; {s}"))
+            tied_mean = {
+                k: mean_ci(r.diag.get(k) for r in c.group.runs)
+                for k in ("grad_cos", "grad_cos_z", "grad_norm_lost_pct")
+            }
+            shown = ", ".join(
+                f"{name} {ci.mean:.3g}" for name, ci in zip(("tied cos", "z", "norm lost %"), tied_mean.values()) if ci
+            )
+            rows.append(
+                tested(
+                    "R4",
+                    c.group.label,
+                    "gradient table, grad_cos.png",
+                    values,
+                    -1,
+                    margin,
+                    lambda ci, s=shown: f"Δcos {ci_text(ci)}; {s}",
+                )
+            )
     return rows or [missing("R4", f"{untied} runs with gradient statistics at the same size as the {tied} ones")]
 
 
@@ -273,12 +378,28 @@ def agreement_claims(groups: list[Group], untied: str, margin) -> list[Claim]:
     """C2/C7: ΔCKA(W_in, W_out) from step 0 to the last geometry entry, in runs without a tie; below zero."""
     rows = []
     for g in groups:
-        values = [r.diag["cka"] - r.diag["cka_init"] for r in g.runs if r.diag.get("cka") is not None and r.diag.get("cka_init") is not None]
+        values = [
+            cast(float, r.diag["cka"]) - cast(float, r.diag["cka_init"])
+            for r in g.runs
+            if r.diag.get("cka") is not None and r.diag.get("cka_init") is not None
+        ]
         if values:
             at = {k: mean_ci(r.diag.get(k) for r in g.runs) for k in ("cka_init", "cka", "distance_init", "distance")}
-            shown = (f"CKA {_mean(at['cka_init'])} -> {_mean(at['cka'])}, distance {_mean(at['distance_init'])} -> {_mean(at['distance'])}")
-            rows.append(tested("C2/C7", g.label, "agreement table", values, -1, margin, lambda ci, s=shown: f"ΔCKA {ci_text(ci)}; {s}"))
-    return rows or [missing("C2/C7", f"{untied} or {UNTIED_INIT} runs with geometry at step 0 and later (diag.geometry)")]
+            shown = f"CKA {_mean(at['cka_init'])} -> {_mean(at['cka'])}, distance {_mean(at['distance_init'])} -> {_mean(at['distance'])}"
+            rows.append(
+                tested(
+                    "C2/C7",
+                    g.label,
+                    "agreement table",
+                    values,
+                    -1,
+                    margin,
+                    lambda ci, s=shown: f"ΔCKA {ci_text(ci)}; {s}",
+                )
+            )
+    return rows or [
+        missing("C2/C7", f"{untied} or {UNTIED_INIT} runs with geometry at step 0 and later (diag.geometry)")
+    ]
 
 
 def _mean(ci: Interval | None) -> str:
@@ -291,17 +412,30 @@ def convergence_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
     for c in pairs:
         values = [100 * (a / b - 1) for a, b in c.steps_pairs() if b]
         if values:
-            rows.append(tested("R6", c.group.label, "convergence table, val_loss.png", values, +1,
-                               show=lambda ci: ci_text(ci, 3, " %"), note=c.note()))
+            rows.append(
+                tested(
+                    "R6",
+                    c.group.label,
+                    "convergence table, val_loss.png",
+                    values,
+                    +1,
+                    show=lambda ci: ci_text(ci, 3, " %"),
+                    note=c.note(),
+                )
+            )
     return rows or [missing("R6", f"{same_size} whose validation curves reach a common target")]
 
 
 def ladders(pairs: list[Comparison], axis: Baseline, free: tuple, x_of) -> list[list[Comparison]]:
     """Comparisons that differ only in the free keys (and on the tying axis), at two or more scales, by scale."""
-    out = {}
+    out: dict[str, list[Comparison]] = {}
     for c in pairs:
         out.setdefault(axis.rest(c.group, free), []).append(c)
-    return [sorted(ladder, key=lambda c: x_of(c.group)) for ladder in out.values() if len({x_of(c.group) for c in ladder}) > 1]
+    return [
+        sorted(ladder, key=lambda c: x_of(c.group))
+        for ladder in out.values()
+        if len({x_of(c.group) for c in ladder}) > 1
+    ]
 
 
 def trend_claims(pairs: list[Comparison], axis: Baseline, free: tuple, x_of, claim_id: str, needs: str) -> list[Claim]:
@@ -312,8 +446,16 @@ def trend_claims(pairs: list[Comparison], axis: Baseline, free: tuple, x_of, cla
         by_pair = [(math.log10(x_of(c.group)), c.delta_loss(split)) for c in ladder]
         fit, p = slope([(x, d) for x, values in by_pair for d in values])
         comparison = LADDER.join(c.group.label for c in ladder)
-        row = Claim(claim_id, TEXTS[claim_id], comparison, f"ppl_vs_params.png ({split} split)", f"Δloss {ci_text(fit)} per decade",
-                    interval=fit, direction=+1, p=p)
+        row = Claim(
+            claim_id,
+            TEXTS[claim_id],
+            comparison,
+            f"ppl_vs_params.png ({split} split)",
+            f"Δloss {ci_text(fit)} per decade",
+            interval=fit,
+            direction=+1,
+            p=p,
+        )
         if min(len(values) for _, values in by_pair) < 2:
             row.p, row.verdict, row.why = None, "inconclusive", "one seed at some scale: no spread at that scale"
         rows.append(row)
@@ -335,9 +477,23 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
     rows = []
     for c in pairs:
         values = c.delta(gap)
-        sources = sorted({r.gap[2] for r in c.group.runs + c.base.runs if r.gap})
+        sources = ", ".join(sorted({r.gap[2] for r in c.group.runs + c.base.runs if r.gap}))
         if values:
-            rows.append(tested("R5/C2 gap", c.group.label, "generalisation gap table", values, -1, margin,
-                               lambda ci, s=", ".join(sources): f"Δgap {ci_text(ci)} nats (from {s})"))
-    return rows or [missing("R5/C2 gap", f"{tied} and {untied} runs with a train-split evaluation (eval.json train or "
-                                         "metrics.jsonl train_eval_loss)")]
+            rows.append(
+                tested(
+                    "R5/C2 gap",
+                    c.group.label,
+                    "generalisation gap table",
+                    values,
+                    -1,
+                    margin,
+                    lambda ci, s=sources: f"Δgap {ci_text(ci)} nats (from {s})",
+                )
+            )
+    return rows or [
+        missing(
+            "R5/C2 gap",
+            f"{tied} and {untied} runs with a train-split evaluation (eval.json train or "
+            "metrics.jsonl train_eval_loss)",
+        )
+    ]

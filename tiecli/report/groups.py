@@ -10,8 +10,16 @@ from tiecli.report.load import Run, Skipped
 
 GROUPS = ("model", "tying", "data", "tokenizer")  # the config groups whose choices name a run
 # Settings that change when and what is measured, not what the model learns.
-IGNORED_KEYS = ("device", "compile", "train.log_interval", "train.eval_interval", "train.eval_batches",
-                "train.checkpoint_interval", "eval.buckets", "eval.test")
+IGNORED_KEYS = (
+    "device",
+    "compile",
+    "train.log_interval",
+    "train.eval_interval",
+    "train.eval_batches",
+    "train.checkpoint_interval",
+    "eval.buckets",
+    "eval.test",
+)
 IGNORED_PREFIX = "diag."  # gradient statistics and geometry never touch training's RNG or weights
 SIZE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd")  # what model/*.yaml set: the size ladder
 BUDGET_KEYS = ("train.max_steps", "train.max_tokens")  # the data axis of R5
@@ -48,7 +56,8 @@ def ignored(key: str, setting: dict) -> bool:
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[Skipped]]:
     """Groups of runs equal in every setting but the seed; a second run of a group's seed is skipped."""
-    groups, skipped = {}, []
+    groups: dict[str, Group] = {}
+    skipped: list[Skipped] = []
     for run in runs:
         setting = {k: v for k, v in run.setting.items() if k != "seed" and not ignored(k, run.setting)}
         group = groups.setdefault(json.dumps(setting, sort_keys=True), Group(setting, run.choices))
@@ -107,13 +116,19 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
         return groups, []
     for key in keys:
         check_key(key, groups, f"--select {key}")
-    families = {}
+    families: dict[str, list[Group]] = {}
     for g in groups:
-        families.setdefault(json.dumps({k: v for k, v in g.setting.items() if k not in keys}, sort_keys=True), []).append(g)
+        families.setdefault(
+            json.dumps({k: v for k, v in g.setting.items() if k not in keys}, sort_keys=True), []
+        ).append(g)
     best = {id(min(members, key=mean_loss)): members for members in families.values()}
     kept = [g for g in groups if id(g) in best]
-    dropped = [NotSelected(g.label, values(g, keys), mean_loss(g), values(chosen, keys), mean_loss(chosen))
-               for chosen in kept for g in best[id(chosen)] if g is not chosen]
+    dropped = [
+        NotSelected(g.label, values(g, keys), mean_loss(g), values(chosen, keys), mean_loss(chosen))
+        for chosen in kept
+        for g in best[id(chosen)]
+        if g is not chosen
+    ]
     label_groups(kept)
     return kept, dropped
 
@@ -132,11 +147,16 @@ def check_key(key: str, groups: list[Group], option: str) -> None:
         return
     if any(key in r.setting for g in groups for r in g.runs):
         raise TiecliError(f"{option}: runs are not grouped by {key} (it does not change what a run learns)")
-    differing = [k for k in sorted(set().union(*(g.setting for g in groups)))
-                 if len({json.dumps(g.setting.get(k)) for g in groups}) > 1]
+    differing = [
+        k
+        for k in sorted(set().union(*(g.setting for g in groups)))
+        if len({json.dumps(g.setting.get(k)) for g in groups}) > 1
+    ]
     keys = ", ".join(differing[:6]) or "none"
-    raise TiecliError(f"no run has a setting {key!r} ({option}); config groups: {', '.join(GROUPS)}; "
-                      f"keys that differ between the runs: {keys}")
+    raise TiecliError(
+        f"no run has a setting {key!r} ({option}); config groups: {', '.join(GROUPS)}; "
+        f"keys that differ between the runs: {keys}"
+    )
 
 
 # --- the baseline -------------------------------------------------------------------------------------
@@ -178,13 +198,17 @@ class Baseline:
     def rest(self, group: Group, free=()) -> str:
         """The group's setting off the axis (and off the free keys), as a comparable string."""
         free = (*self.free, *free)
-        return json.dumps({k: v for k, v in group.setting.items() if not self.on_axis(k) and k not in free}, sort_keys=True)
+        return json.dumps(
+            {k: v for k, v in group.setting.items() if not self.on_axis(k) and k not in free}, sort_keys=True
+        )
 
     def base_of(self, group: Group, groups: list[Group]) -> Group | None:
         """The baseline group equal to group off the axis; None for a baseline group itself or without one."""
         if self.matches(group):
             return None
-        return next((b for b in groups if b is not group and self.matches(b) and self.rest(b) == self.rest(group)), None)
+        return next(
+            (b for b in groups if b is not group and self.matches(b) and self.rest(b) == self.rest(group)), None
+        )
 
     def check(self, groups: list[Group]) -> None:
         """One line naming what exists when no group has KEY=VALUE."""

@@ -24,8 +24,13 @@ def runs_table(path: Path) -> Table:
     keyword = max(len(line[1].split()[0]) for line in lines)  # "completed", "interrupted", "unreadable:"
     table = Table(title=f"runs under {path}")
     for column in COLUMNS:  # every header and state keyword whole; only the name and the state fold to fit the terminal
-        table.add_column(column, justify="right" if column in NUMBERS else "left", no_wrap=column not in FOLDED,
-                         min_width=max(len(column), keyword if column == "state" else 0), overflow="fold")
+        table.add_column(
+            column,
+            justify="right" if column in NUMBERS else "left",
+            no_wrap=column not in FOLDED,
+            min_width=max(len(column), keyword if column == "state" else 0),
+            overflow="fold",
+        )
     for line in lines:
         table.add_row(*line)
     return table
@@ -35,10 +40,22 @@ def run_line(path: Path, root: Path) -> list[str]:
     name = str(path.relative_to(root)) if path != root else path.name  # sweeps nest runs: show where
     reader = rundir.RunReader(path)
     try:
-        config, choices, summary, status = reader.config(), reader.overrides()["choices"], reader.summary(), reader.status()
+        config, choices, summary, status = (
+            reader.config(),
+            reader.overrides()["choices"],
+            reader.summary(),
+            reader.status(),
+        )
+        assert status is not None  # summary() above read summary.json, so the status is set
         final = (reader.final_val() or {}) if status == "completed" else {}
-        return [name, status, str(choices["model"]), str(config["tying"]["mode"]),
-                f"{summary.step:,}/{summary.max_steps:,}", _num(final.get("perplexity"), ".2f")]
+        return [
+            name,
+            status,
+            str(choices["model"]),
+            str(config["tying"]["mode"]),
+            f"{summary.step:,}/{summary.max_steps:,}",
+            _num(final.get("perplexity"), ".2f"),
+        ]
     except rundir.FormatError as e:
         return [name, f"unreadable: {reason(e, reader.name)}", "-", "-", "-", "-"]
     except (KeyError, TypeError) as e:

@@ -9,17 +9,30 @@ import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
+from typing import TypeGuard, cast
 
 from tiecli import rundir
 from tiecli.errors import TiecliError
 
-PARAM_KEYS = ("input_embedding", "output_matrix", "shared", "positional", "non_embedding", "total")  # summary.json params
+PARAM_KEYS = (
+    "input_embedding",
+    "output_matrix",
+    "shared",
+    "positional",
+    "non_embedding",
+    "total",
+)  # summary.json params
 # Diagnostics each run contributes: gradient statistics (metrics.jsonl diag keys) averaged over training,
 # then geometry at the last geometry.json entry: KEY_input and KEY_output of each side, and the agreement
 # (untied modes) at the last entry and, as KEY_init, at the step-0 entry.
-TRAINING_DIAG = ("grad_cos", "grad_cancel", "grad_cos_z", "grad_cos_null_mean", "grad_cos_null_sd", "grad_norm_lost_pct")
+TRAINING_DIAG = (
+    "grad_cos",
+    "grad_cancel",
+    "grad_cos_z",
+    "grad_cos_null_mean",
+    "grad_cos_null_sd",
+    "grad_norm_lost_pct",
+)
 SIDE_DIAG = ("drift", "anisotropy", "effective_rank", "forms_contrast")
 AGREEMENT_DIAG = ("cka", "knn_overlap", "row_cosine", "distance")
 FLOPS_PER_PARAM_TOKEN = 6  # forward and backward: 2 + 4 FLOPs per matmul parameter per token (Kaplan et al. 2020)
@@ -71,7 +84,7 @@ class Run:
 def find_run_dirs(paths: list[Path]) -> list[Path]:
     """Every run directory at or under the given paths, each once, in path order. Hidden folders
     (.git, .venv, a run still being created in .NAME.tmp) are not searched."""
-    found = {}
+    found: dict[Path, Path] = {}
     for path in paths:
         if not path.exists():
             raise TiecliError(f"{str(path)!r} does not exist")
@@ -117,14 +130,23 @@ def load_run(path: Path) -> Run:
     try:
         setting = rundir.flatten(config)
         return Run(
-            name=path.name, path=str(path), seed=config["seed"], setting=setting, choices=choices,
-            params={k: summary.params[k] for k in PARAM_KEYS}, tokens_per_s=summary.tokens_per_s,
-            steps=summary.step, tokens=summary.tokens,
-            loss=final["loss"], perplexity=final["perplexity"], bits_per_byte=final["bits_per_byte"],
-            test=evals["test"].brief() if "test" in evals else None, gap=generalisation_gap(evals, metrics),
+            name=path.name,
+            path=str(path),
+            seed=config["seed"],
+            setting=setting,
+            choices=choices,
+            params={k: summary.params[k] for k in PARAM_KEYS},
+            tokens_per_s=summary.tokens_per_s,
+            steps=summary.step,
+            tokens=summary.tokens,
+            loss=final["loss"],
+            perplexity=final["perplexity"],
+            bits_per_byte=final["bits_per_byte"],
+            test=evals["test"].brief() if "test" in evals else None,
+            gap=generalisation_gap(evals, metrics),
             flops=training_flops(setting, summary.params["non_embedding"], summary.tokens),
             curve=[(r.step, r.tokens, r.val_loss) for r in metrics if r.val_loss is not None],
-            grad=[(r.step, r.diag["grad_cos"]) for r in metrics if _number(r.diag.get("grad_cos"))],
+            grad=[(r.step, cast(float, r.diag["grad_cos"])) for r in metrics if _number(r.diag.get("grad_cos"))],
             drift=[(e.step, e.input.get("drift"), None if e.tied else e.output.get("drift")) for e in entries],
             spectra=(entries[-1].input["singular_values"], entries[-1].output["singular_values"]) if entries else None,
             tied_geometry=bool(entries) and entries[-1].tied,
@@ -135,13 +157,18 @@ def load_run(path: Path) -> Run:
         raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None
 
 
-def generalisation_gap(evals: dict[str, rundir.EvalResult], metrics: list[rundir.MetricsRow]) -> tuple[float, float, str] | None:
+def generalisation_gap(
+    evals: dict[str, rundir.EvalResult], metrics: list[rundir.MetricsRow]
+) -> tuple[float, float, str] | None:
     """(val loss, train loss, source): eval.json's whole-split val and train when both exist, else the
     last metrics.jsonl row with both val_loss and train_eval_loss (the in-training fixed windows)."""
     if "train" in evals and "val" in evals:
         return evals["val"].loss, evals["train"].loss, "eval.json"
     row = next((r for r in reversed(metrics) if r.val_loss is not None and r.train_eval_loss is not None), None)
-    return (row.val_loss, row.train_eval_loss, f"metrics.jsonl step {row.step}") if row else None
+    if not row:
+        return None
+    assert row.val_loss is not None and row.train_eval_loss is not None  # the search above required both
+    return row.val_loss, row.train_eval_loss, f"metrics.jsonl step {row.step}"
 
 
 def training_flops(setting: dict, non_embedding: int, tokens: int) -> float | None:
@@ -153,7 +180,7 @@ def training_flops(setting: dict, non_embedding: int, tokens: int) -> float | No
     return float(FLOPS_PER_PARAM_TOKEN * (non_embedding + vocab * width) * tokens)
 
 
-def _number(value) -> bool:
+def _number(value) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -162,7 +189,7 @@ def diagnostics(metrics: list[rundir.MetricsRow], entries: list[rundir.GeometryE
     the geometry at the last entry, and the agreement at the step-0 entry as KEY_init (None where not measured)."""
     out = {}
     for key in TRAINING_DIAG:
-        values = [r.diag[key] for r in metrics if _number(r.diag.get(key))]
+        values = [cast(float, r.diag[key]) for r in metrics if _number(r.diag.get(key))]
         out[key] = statistics.fmean(values) if values else None
     last = entries[-1] if entries else None
     for side in ("input", "output"):
@@ -170,7 +197,11 @@ def diagnostics(metrics: list[rundir.MetricsRow], entries: list[rundir.GeometryE
         out |= {f"{key}_{side}": measured.get(key) for key in SIDE_DIAG}
     agreement = (last.agreement if last else None) or {}
     start = (entries[0].agreement if entries and entries[0].step == 0 else None) or {}
-    return out | {key: agreement.get(key) for key in AGREEMENT_DIAG} | {f"{key}_init": start.get(key) for key in AGREEMENT_DIAG}
+    return (
+        out
+        | {key: agreement.get(key) for key in AGREEMENT_DIAG}
+        | {f"{key}_init": start.get(key) for key in AGREEMENT_DIAG}
+    )
 
 
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[Skipped]]:

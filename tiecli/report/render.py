@@ -8,7 +8,7 @@ import base64
 import html
 from dataclasses import dataclass
 
-from rich.console import Console, ConsoleOptions
+from rich.console import Console, ConsoleOptions, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,19 +19,28 @@ from tiecli.report.load import Run, Skipped
 from tiecli.report.stats import Comparison, EqualParams, Interval, ci_text, embedding_share
 
 # Two diagnostics tables, so that each fits a terminal: training dynamics, then end-of-training geometry.
-DYNAMICS_COLUMNS = (("grad_cos", "grad cos"), ("grad_cancel", "grad cancel"), ("drift_input", "drift in"), ("drift_output", "drift out"))
-GEOMETRY_COLUMNS = (
-    ("anisotropy_input", "anisotropy in"), ("anisotropy_output", "anisotropy out"), ("effective_rank_input", "eff. rank in"),
-    ("effective_rank_output", "eff. rank out"), ("cka", "CKA in/out"), ("row_cosine", "row cos in/out"),
-    ("forms_contrast_input", "forms contrast in"), ("forms_contrast_output", "forms contrast out"),
+DYNAMICS_COLUMNS = (
+    ("grad_cos", "grad cos"),
+    ("grad_cancel", "grad cancel"),
+    ("drift_input", "drift in"),
+    ("drift_output", "drift out"),
 )
-DIAG_KEYS = tuple(key for key, _ in DYNAMICS_COLUMNS + GEOMETRY_COLUMNS)  # the group statistics, in table order
+GEOMETRY_COLUMNS = (
+    ("anisotropy_input", "anisotropy in"),
+    ("anisotropy_output", "anisotropy out"),
+    ("effective_rank_input", "eff. rank in"),
+    ("effective_rank_output", "eff. rank out"),
+    ("cka", "CKA in/out"),
+    ("row_cosine", "row cos in/out"),
+    ("forms_contrast_input", "forms contrast in"),
+    ("forms_contrast_output", "forms contrast out"),
+)
 FOLD_MIN = 8  # on the terminal, a text column is at least this wide (or its header's width) before the table is split
 PLOT_TITLES = {
     "val_loss.png": "Validation loss by mode (R6/C3)",
     "ppl_vs_params.png": "Perplexity vs non-embedding parameters (R5/C6)",
     "grad_cos.png": "Gradient cosine over training (R4)",
-    "drift.png": "Drift from initialisation (C2)",
+    "drift.png": "Drift from initialisation (descriptive)",
     "spectra.png": "Singular-value spectra of the input and output matrices",
 }
 
@@ -49,8 +58,15 @@ def _stat(ci: Interval | None, key: str = "mean", spec: str = ".4g") -> str:
     return _num(getattr(ci, key) if ci else None, spec)
 
 
-def build_tables(groups: list[Group], comparisons: list[Comparison], equal: dict[str, EqualParams],
-                 claim_rows: list[Claim], skipped: list[Skipped], baseline: str, added: list[TableSpec]) -> list[TableSpec]:
+def build_tables(
+    groups: list[Group],
+    comparisons: list[Comparison],
+    equal: dict[str, EqualParams],
+    claim_rows: list[Claim],
+    skipped: list[Skipped],
+    baseline: str,
+    added: list[TableSpec],
+) -> list[TableSpec]:
     """equal: {label: EqualParams} for every non-baseline group; the other groups are baselines.
     added: the tables behind the claims' rules (report.tables), placed before the claims table."""
     by_group = {c.group.label: c for c in comparisons}
@@ -60,16 +76,33 @@ def build_tables(groups: list[Group], comparisons: list[Comparison], equal: dict
         c = by_group.get(label)
         return ci_text(getattr(c, key), 3, " %") if c else "-" if label in equal else "baseline"
 
-    tables = [parameter_table(groups, by_group), validation_table(groups, delta, versus), equal_table(groups, equal, versus),
-              *diagnostics_tables(groups), *pairs_warnings(groups), *added]
-    tables.append(TableSpec(
-        "Claims (tied vs untied, equal architecture unless stated)",
-        f"verdict rule: {VERDICT_RULE}; each claim's measure is stated under Rules",
-        ["claim", "comparison", "figure", "measured [95% CI]", "verdict", "why"],
-        [[c.claim, c.comparison, c.figure, c.measured, c.verdict, c.why] for c in claim_rows], text=True))
+    tables = [
+        parameter_table(groups, by_group),
+        validation_table(groups, delta, versus),
+        equal_table(groups, equal, versus),
+        *diagnostics_tables(groups),
+        *pairs_warnings(groups),
+        *added,
+    ]
+    tables.append(
+        TableSpec(
+            "Claims (tied vs untied, equal architecture unless stated)",
+            f"verdict rule: {VERDICT_RULE}; each claim's measure is stated under Rules",
+            ["claim", "comparison", "figure", "measured [95% CI]", "verdict", "why"],
+            [[c.claim, c.comparison, c.figure, c.measured, c.verdict, c.why] for c in claim_rows],
+            text=True,
+        )
+    )
     if skipped:
-        tables.append(TableSpec("Skipped run directories", "not used anywhere in this report",
-                                ["run directory", "reason"], [[s.path, s.reason] for s in skipped], text=True))
+        tables.append(
+            TableSpec(
+                "Skipped run directories",
+                "not used anywhere in this report",
+                ["run directory", "reason"],
+                [[s.path, s.reason] for s in skipped],
+                text=True,
+            )
+        )
     return tables
 
 
@@ -77,14 +110,32 @@ def parameter_table(groups: list[Group], by_group: dict[str, Comparison]) -> Tab
     def row(g):
         p = g.params
         saved = f"{by_group[g.label].saved_params:,}" if g.label in by_group else "-"
-        return [g.label, f"{p['total']:,}", f"{p['input_embedding']:,}", f"{p['output_matrix']:,}", f"{p['shared']:,}",
-                f"{p['non_embedding']:,}", f"{embedding_share(p):.1%}", saved]
+        return [
+            g.label,
+            f"{p['total']:,}",
+            f"{p['input_embedding']:,}",
+            f"{p['output_matrix']:,}",
+            f"{p['shared']:,}",
+            f"{p['non_embedding']:,}",
+            f"{embedding_share(p):.1%}",
+            saved,
+        ]
 
     return TableSpec(
         "Parameters (equal architecture: each group at its own model size)",
         "embedding share: input embedding + output matrix (+ shared) over the total; saved: the baseline's total minus the group's",
-        ["group", "total", "input embedding", "output matrix", "shared", "non-embedding", "embedding share", "saved vs baseline"],
-        [row(g) for g in groups])
+        [
+            "group",
+            "total",
+            "input embedding",
+            "output matrix",
+            "shared",
+            "non-embedding",
+            "embedding share",
+            "saved vs baseline",
+        ],
+        [row(g) for g in groups],
+    )
 
 
 def validation_table(groups: list[Group], delta, versus: str) -> TableSpec:
@@ -92,10 +143,28 @@ def validation_table(groups: list[Group], delta, versus: str) -> TableSpec:
         "Validation at equal architecture (same model size)",
         f"full validation split; mean over seeds, sd and 95% t-interval [low, high]; delta ppl: {versus}, 100 (exp(Δloss) - 1) "
         "with the Δloss interval's bounds transformed alike, in % (negative: lower perplexity than the baseline)",
-        ["group", "seeds", "val loss (sd)", "perplexity [95% CI]", "bits/byte [95% CI]", "delta ppl % [95% CI]", "tokens/s"],
-        [[g.label, str(len(g.runs)), f"{_stat(g.stats['loss'])} ({_stat(g.stats['loss'], 'sd', '.2g')})",
-          ci_text(g.stats["perplexity"], 4), ci_text(g.stats["bits_per_byte"], 4), delta(g.label, "perplexity"),
-          _stat(g.stats["tokens_per_s"], spec=",.0f")] for g in groups])
+        [
+            "group",
+            "seeds",
+            "val loss (sd)",
+            "perplexity [95% CI]",
+            "bits/byte [95% CI]",
+            "delta ppl % [95% CI]",
+            "tokens/s",
+        ],
+        [
+            [
+                g.label,
+                str(len(g.runs)),
+                f"{_stat(g.stats['loss'])} ({_stat(g.stats['loss'], 'sd', '.2g')})",
+                ci_text(g.stats["perplexity"], 4),
+                ci_text(g.stats["bits_per_byte"], 4),
+                delta(g.label, "perplexity"),
+                _stat(g.stats["tokens_per_s"], spec=",.0f"),
+            ]
+            for g in groups
+        ],
+    )
 
 
 def equal_table(groups: list[Group], equal: dict[str, EqualParams], versus: str) -> TableSpec:
@@ -113,25 +182,43 @@ def equal_table(groups: list[Group], equal: dict[str, EqualParams], versus: str)
         "bracket the group's total, seed by seed: an untied model of that total has a smaller body and fewer FLOPs; "
         f"delta ppl = 100 (exp(Δloss) - 1) {versus}; n/a: outside the baseline's sizes, or non-monotone (its loss does not fall "
         "across the bracket)",
-        ["group", "total params", "perplexity", "baseline ppl at equal params", "delta ppl % [95% CI]", "interpolated between"],
-        [row(g) for g in groups if g.label in equal])
+        [
+            "group",
+            "total params",
+            "perplexity",
+            "baseline ppl at equal params",
+            "delta ppl % [95% CI]",
+            "interpolated between",
+        ],
+        [row(g) for g in groups if g.label in equal],
+    )
 
 
 def diagnostics_tables(groups: list[Group]) -> list[TableSpec]:
     """The two diagnostics tables, each only when some group has its data."""
     diagnostics = (
-        ("Training dynamics at equal architecture (claim R4; drift: descriptive)", DYNAMICS_COLUMNS,
-         "grad cos, grad cancel: mean over training (metrics.jsonl); drift |W - W0|_F / |W0|_F at the last geometry.json entry, "
-         "not judged (under Adam every matrix with a gradient each step drifts about as far)"),
-        ("Geometry at the last geometry entry, equal architecture (claim R3)", GEOMETRY_COLUMNS,
-         "forms contrast = related-form pair cosine - random-pair cosine; CKA and row cosine compare the input and output matrices (untied only)"),
+        (
+            "Training dynamics at equal architecture (claim R4; drift: descriptive)",
+            DYNAMICS_COLUMNS,
+            "grad cos, grad cancel: mean over training (metrics.jsonl); drift |W - W0|_F / |W0|_F at the last geometry.json entry, "
+            "not judged (under Adam every matrix with a gradient each step drifts about as far)",
+        ),
+        (
+            "Geometry at the last geometry entry, equal architecture (claim R3)",
+            GEOMETRY_COLUMNS,
+            "forms contrast = related-form pair cosine - random-pair cosine; CKA and row cosine compare the input and output matrices (untied only)",
+        ),
     )
-    return [TableSpec(
-        title,
-        f"mean over seeds (intervals in results.json); in = input embedding, out = output matrix (the same matrix when tied); {note}",
-        ["group", *(name for _, name in columns)],
-        [[g.label, *(_stat(g.stats[key], spec=".3g") for key, _ in columns)] for g in groups])
-        for title, columns, note in diagnostics if any(g.stats[key] for g in groups for key, _ in columns)]
+    return [
+        TableSpec(
+            title,
+            f"mean over seeds (intervals in results.json); in = input embedding, out = output matrix (the same matrix when tied); {note}",
+            ["group", *(name for _, name in columns)],
+            [[g.label, *(_stat(g.stats[key], spec=".3g") for key, _ in columns)] for g in groups],
+        )
+        for title, columns, note in diagnostics
+        if any(g.stats[key] for g in groups for key, _ in columns)
+    ]
 
 
 def pairs_warnings(groups: list[Group]) -> list[TableSpec]:
@@ -140,10 +227,23 @@ def pairs_warnings(groups: list[Group]) -> list[TableSpec]:
     rows = []
     for g in groups:
         warnings = [w for w in map(pairs_warning, g.runs) if w]
-        rows += [[g.label, w + (f" ({warnings.count(w)} of {len(g.runs)} seeds)" if warnings.count(w) < len(g.runs) else "")]
-                 for w in dict.fromkeys(warnings)]
-    return [TableSpec("Warnings", "related-form contrast (claim R3) is measured on the pairs of diag.pairs, else on English suffix rules",
-                      ["group", "warning"], rows, text=True)] if rows else []
+        rows += [
+            [g.label, w + (f" ({warnings.count(w)} of {len(g.runs)} seeds)" if warnings.count(w) < len(g.runs) else "")]
+            for w in dict.fromkeys(warnings)
+        ]
+    return (
+        [
+            TableSpec(
+                "Warnings",
+                "related-form contrast (claim R3) is measured on the pairs of diag.pairs, else on English suffix rules",
+                ["group", "warning"],
+                rows,
+                text=True,
+            )
+        ]
+        if rows
+        else []
+    )
 
 
 def pairs_warning(run: Run) -> str | None:
@@ -155,8 +255,10 @@ def pairs_warning(run: Run) -> str | None:
         where = f"skipped {skipped} lines of {source}" if skipped is not None else source
         return f"related forms: found 0 pairs ({where}); forms contrast not measured"
     if pairs.get("used") == 0:
-        return (f"related forms: 0 of {found if found is not None else 'the'} pairs from {source} usable (their tokens do not "
-                "occur in the training data); forms contrast not measured")
+        return (
+            f"related forms: 0 of {found if found is not None else 'the'} pairs from {source} usable (their tokens do not "
+            "occur in the training data); forms contrast not measured"
+        )
     return None
 
 
@@ -218,12 +320,15 @@ def rich_tables(spec: TableSpec, width: int) -> list[Table]:
     chunks = split_columns([m[0] for m in measured], width)
     tables = []
     for n, chunk in enumerate(chunks, 1):
-        widths = fit_widths(*([measured[c][k] for c in chunk] for k in range(3)), width)
+        need, word, natural = ([measured[c][k] for c in chunk] for k in range(3))
+        widths = fit_widths(need, word, natural, width)
         title = spec.title + (f" ({n}/{len(chunks)})" if len(chunks) > 1 else "")
         # escape(): "[95% CI]" and "[low, high]" are text here, not rich markup
-        table = Table(title=escape(title), caption=escape(spec.note) if n == len(chunks) else None, caption_justify="left")
+        table = Table(
+            title=escape(title), caption=escape(spec.note) if n == len(chunks) else None, caption_justify="left"
+        )
         for c, w in zip(chunk, widths):
-            justify = "left" if c == 0 or spec.text else "right"
+            justify: JustifyMethod = "left" if c == 0 or spec.text else "right"
             table.add_column(escape(spec.columns[c]), width=w, justify=justify, overflow="fold")
         for row in spec.rows:
             table.add_row(*(escape(row[c]) for c in chunk))
@@ -262,19 +367,43 @@ def html_table(spec: TableSpec) -> str:
 def markdown_page(header: str, rules: dict, specs: list[TableSpec], images: dict, absent: list[str]) -> str:
     """report.md: the figures are linked, as files next to it."""
     return "\n".join(
-        ["# tiecli report", "", header, "", "## Rules", "", *(f"- **{k}**: {v}" for k, v in rules.items()), "",
-         *(markdown_table(s) for s in specs), "## Figures", "",
-         *(f"### {PLOT_TITLES[name]}\n\n![{PLOT_TITLES[name]}]({name})\n" for name, png in images.items() if png), *absent, ""])
+        [
+            "# tiecli report",
+            "",
+            header,
+            "",
+            "## Rules",
+            "",
+            *(f"- **{k}**: {v}" for k, v in rules.items()),
+            "",
+            *(markdown_table(s) for s in specs),
+            "## Figures",
+            "",
+            *(f"### {PLOT_TITLES[name]}\n\n![{PLOT_TITLES[name]}]({name})\n" for name, png in images.items() if png),
+            *absent,
+            "",
+        ]
+    )
 
 
 def html_page(header: str, rules: dict, specs: list[TableSpec], images: dict, absent: list[str]) -> str:
     """One file with everything inside: the figures are base64 data URIs, no external assets."""
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
-             "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}.note{color:#555;font-size:13px}img{max-width:100%}")
-    figures = "".join(f"<h3>{html.escape(PLOT_TITLES[name])}</h3><img alt='{html.escape(PLOT_TITLES[name])}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-                      for name, png in images.items() if png)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>tiecli report</title><style>{style}</style></head><body>"
-            f"<h1>tiecli report</h1><p>{html.escape(header)}</p><h2>Rules</h2><ul>"
-            + "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in rules.items()) + "</ul>"
-            + "".join(html_table(s) for s in specs) + f"<h2>Figures</h2>{figures}"
-            + "".join(f"<p class=note>{html.escape(a)}</p>" for a in absent) + "</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#f3f3f3}.note{color:#555;font-size:13px}img{max-width:100%}"
+    )
+    figures = "".join(
+        f"<h3>{html.escape(PLOT_TITLES[name])}</h3><img alt='{html.escape(PLOT_TITLES[name])}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+        for name, png in images.items()
+        if png
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>tiecli report</title><style>{style}</style></head><body>"
+        f"<h1>tiecli report</h1><p>{html.escape(header)}</p><h2>Rules</h2><ul>"
+        + "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in rules.items())
+        + "</ul>"
+        + "".join(html_table(s) for s in specs)
+        + f"<h2>Figures</h2>{figures}"
+        + "".join(f"<p class=note>{html.escape(a)}</p>" for a in absent)
+        + "</body></html>\n"
+    )

@@ -136,8 +136,14 @@ def gap(run: Run) -> float | None:
 def run_values(run: Run) -> dict[str, float | None]:
     """The per-run numbers beyond METRICS and the diagnostics: test split, generalisation gap, FLOPs."""
     test = run.test or {}
-    return {"test_loss": test.get("loss"), "test_perplexity": test.get("perplexity"), "test_bits_per_byte": test.get("bits_per_byte"),
-            "train_loss": run.gap[1] if run.gap else None, "gap": gap(run), "flops": run.flops}
+    return {
+        "test_loss": test.get("loss"),
+        "test_perplexity": test.get("perplexity"),
+        "test_bits_per_byte": test.get("bits_per_byte"),
+        "train_loss": run.gap[1] if run.gap else None,
+        "gap": gap(run),
+        "flops": run.flops,
+    }
 
 
 # --- convergence ------------------------------------------------------------------------------------
@@ -301,7 +307,7 @@ def interpolate(g: Group, ladder: list[Group], x_of, unit: str) -> EqualParams:
         return EqualParams(why=f"outside the baseline's {xs[0]:,.4g}-{xs[-1]:,.4g} {unit}")
     else:
         i = int(np.searchsorted(xs, x))
-        ladder = ladder[i - 1:i + 1]
+        ladder = ladder[i - 1 : i + 1]
         if statistics.fmean(r.loss for r in ladder[1].runs) >= statistics.fmean(r.loss for r in ladder[0].runs):
             return EqualParams(why="n/a: non-monotone (the baseline's loss does not fall across the bracket)")
     low, high = ({r.seed: r.loss for r in b.runs} for b in ladder)
@@ -311,5 +317,8 @@ def interpolate(g: Group, ladder: list[Group], x_of, unit: str) -> EqualParams:
     pairs = [(r.loss, base[r.seed]) for r in g.runs if r.seed in base]
     if not pairs:
         return EqualParams(why="no seed in common with the bracketing baseline groups")
-    return EqualParams(between=tuple(dict.fromkeys(b.label for b in ladder)),
-                       base_perplexity=mean_ci(math.exp(b) for _, b in pairs), dloss=[a - b for a, b in pairs])
+    return EqualParams(
+        between=tuple(dict.fromkeys(b.label for b in ladder)),
+        base_perplexity=mean_ci(math.exp(b) for _, b in pairs),
+        dloss=[a - b for a, b in pairs],
+    )

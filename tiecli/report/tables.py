@@ -13,20 +13,38 @@ def _mean(ci: Interval | None, spec: str = ".3g") -> str:
     return _num(ci.mean if ci else None, spec)
 
 
-def added_tables(groups: list[Group], comparisons: list[Comparison], compute: dict[str, EqualParams],
-                 dropped: list[NotSelected], baseline: str) -> list[TableSpec]:
+def added_tables(
+    groups: list[Group],
+    comparisons: list[Comparison],
+    compute: dict[str, EqualParams],
+    dropped: list[NotSelected],
+    baseline: str,
+) -> list[TableSpec]:
     by_group = {c.group.label: c for c in comparisons}
     versus = f"vs {baseline}, paired by seed"
-    tables = [convergence_table(comparisons, versus), compute_table(groups, compute, versus), gradient_table(groups, by_group, versus),
-              agreement_table(groups), gap_table(groups, by_group, versus), test_table(groups, by_group, versus),
-              selection_table(dropped)]
+    tables = [
+        convergence_table(comparisons, versus),
+        compute_table(groups, compute, versus),
+        gradient_table(groups, by_group, versus),
+        agreement_table(groups),
+        gap_table(groups, by_group, versus),
+        test_table(groups, by_group, versus),
+        selection_table(dropped),
+    ]
     return [t for t in tables if t.rows]
 
 
 def convergence_table(comparisons: list[Comparison], versus: str) -> TableSpec:
     def row(c):
         steps = [mean_ci(reach(r, c.target)[0] for r in g.runs) for g in (c.group, c.base)]
-        return [c.group.label, c.base.label, _num(c.target), *(ci_text(s, 4) for s in steps), ci_text(c.steps, 3, " %"), c.note() or "-"]
+        return [
+            c.group.label,
+            c.base.label,
+            _num(c.target),
+            *(ci_text(s, 4) for s in steps),
+            ci_text(c.steps, 3, " %"),
+            c.note() or "-",
+        ]
 
     return TableSpec(
         "Convergence at equal architecture (claims R6/C3)",
@@ -34,13 +52,18 @@ def convergence_table(comparisons: list[Comparison], versus: str) -> TableSpec:
         f"--target-loss; steps interpolated linearly between evaluations; delta steps {versus}, in % (negative: faster); note: "
         f"runs that never reach the target, or fewer than {MIN_EVALS} evaluations before it",
         ["group", "baseline", "target loss", "steps [95% CI]", "baseline steps", "delta steps % [95% CI]", "note"],
-        [row(c) for c in comparisons])
+        [row(c) for c in comparisons],
+    )
 
 
 def compute_table(groups: list[Group], compute: dict[str, EqualParams], versus: str) -> TableSpec:
     def row(g):
         eq = compute[g.label]
-        compared = [_mean(eq.base_perplexity, ".4g"), ci_text(eq.perplexity, 3, " %"), eq.note()] if eq.between else ["n/a", "n/a", eq.why]
+        compared = (
+            [_mean(eq.base_perplexity, ".4g"), ci_text(eq.perplexity, 3, " %"), eq.note()]
+            if eq.between
+            else ["n/a", "n/a", eq.why]
+        )
         return [g.label, _mean(g.stats["flops"], ".3g"), _mean(g.stats["perplexity"], ".4g"), *compared]
 
     return TableSpec(
@@ -50,14 +73,21 @@ def compute_table(groups: list[Group], compute: dict[str, EqualParams], versus: 
         "token budget) that bracket the group's FLOPs, seed by seed; n/a outside them or when the baseline's loss does not fall "
         f"across the bracket (non-monotone); delta ppl = 100 (exp(Δloss) - 1) {versus}",
         ["group", "FLOPs", "perplexity", "baseline ppl at equal FLOPs", "delta ppl % [95% CI]", "baseline point(s)"],
-        [row(g) for g in groups if g.label in compute])
+        [row(g) for g in groups if g.label in compute],
+    )
 
 
 def gradient_table(groups: list[Group], by_group: dict[str, Comparison], versus: str) -> TableSpec:
     def row(g):
         c = by_group.get(g.label)
         delta = ci_text(mean_ci(c.delta(lambda r: r.diag.get("grad_cos"))), 3) if c else "baseline"
-        return [g.label, _mean(g.stats["grad_cos"]), delta, _mean(g.stats["grad_cos_z"]), _mean(g.stats["grad_norm_lost_pct"])]
+        return [
+            g.label,
+            _mean(g.stats["grad_cos"]),
+            delta,
+            _mean(g.stats["grad_cos_z"]),
+            _mean(g.stats["grad_norm_lost_pct"]),
+        ]
 
     return TableSpec(
         "Gradient paths of the token matrices (claim R4)",
@@ -66,14 +96,20 @@ def gradient_table(groups: list[Group], by_group: dict[str, Comparison], versus:
         "for two unrelated paths, not what a tied model would see); z: grad_cos_present against its row-permutation null; "
         "norm lost: % of the summed gradient's norm lost to cancellation",
         ["group", "grad cos", "delta cos [95% CI]", "z vs null", "norm lost %"],
-        [row(g) for g in groups if g.stats["grad_cos"]])
+        [row(g) for g in groups if g.stats["grad_cos"]],
+    )
 
 
 def agreement_table(groups: list[Group]) -> TableSpec:
     def row(g):
         s = g.stats
-        return [g.label, f"{_mean(s['cka_init'])} -> {_mean(s['cka'])}", _mean(s["knn_overlap"]), _mean(s["row_cosine"]),
-                f"{_mean(s['distance_init'])} -> {_mean(s['distance'])}"]
+        return [
+            g.label,
+            f"{_mean(s['cka_init'])} -> {_mean(s['cka'])}",
+            _mean(s["knn_overlap"]),
+            _mean(s["row_cosine"]),
+            f"{_mean(s['distance_init'])} -> {_mean(s['distance'])}",
+        ]
 
     return TableSpec(
         "Input/output agreement without a tie (claim C2/C7)",
@@ -81,7 +117,8 @@ def agreement_table(groups: list[Group]) -> TableSpec:
         "the 10 nearest neighbours; row cos: per-token cos(W_in[i], W_out[i]); distance |W_in - W_out|_F / |W_in|_F "
         "(untied_init starts at CKA 1, distance 0; tied modes are one matrix)",
         ["group", "CKA", "kNN overlap", "row cos", "distance"],
-        [row(g) for g in groups if g.stats["cka"]])
+        [row(g) for g in groups if g.stats["cka"]],
+    )
 
 
 def gap_table(groups: list[Group], by_group: dict[str, Comparison], versus: str) -> TableSpec:
@@ -96,20 +133,28 @@ def gap_table(groups: list[Group], by_group: dict[str, Comparison], versus: str)
         "gap = val loss - train loss, per run: eval.json's whole val and train splits when present, else the last metrics.jsonl "
         f"row with val_loss and train_eval_loss (fixed windows of each split); delta gap {versus} (negative: tied generalises better)",
         ["group", "train loss", "gap [95% CI]", "delta gap [95% CI]", "from"],
-        [row(g) for g in groups if g.stats["gap"]])
+        [row(g) for g in groups if g.stats["gap"]],
+    )
 
 
 def test_table(groups: list[Group], by_group: dict[str, Comparison], versus: str) -> TableSpec:
     def row(g):
         c = by_group.get(g.label)
         delta = ci_text(c.test_perplexity, 3, " %") if c else "baseline"
-        return [g.label, str(g.stats["test_loss"].n), _mean(g.stats["test_loss"], ".4g"), ci_text(g.stats["test_perplexity"], 4), delta]
+        return [
+            g.label,
+            str(g.stats["test_loss"].n),
+            _mean(g.stats["test_loss"], ".4g"),
+            ci_text(g.stats["test_perplexity"], 4),
+            delta,
+        ]
 
     return TableSpec(
         "Test split (final numbers; any selection was made on val)",
         f"eval.json test: the whole test split; delta ppl = 100 (exp(Δloss) - 1) {versus}, over the seeds both have on test",
         ["group", "seeds", "test loss", "test perplexity [95% CI]", "delta ppl % [95% CI]"],
-        [row(g) for g in groups if g.stats["test_loss"]])
+        [row(g) for g in groups if g.stats["test_loss"]],
+    )
 
 
 def selection_table(dropped: list[NotSelected]) -> TableSpec:
@@ -118,4 +163,6 @@ def selection_table(dropped: list[NotSelected]) -> TableSpec:
         "left out of every other table: among the groups equal but for the selected keys, the one with the lowest seed-mean final "
         "validation loss was kept",
         ["group", "its value", "val loss", "selected instead", "selected val loss"],
-        [[d.group, d.values, _num(d.loss, ".4g"), d.chosen, _num(d.chosen_loss, ".4g")] for d in dropped], text=True)
+        [[d.group, d.values, _num(d.loss, ".4g"), d.chosen, _num(d.chosen_loss, ".4g")] for d in dropped],
+        text=True,
+    )

@@ -1,0 +1,76 @@
+"""Training progress as a user sees it: a bar that fits 80 columns on a terminal, plain lines in a log."""
+
+import io
+import re
+
+from conftest import TINY
+from rich.console import Console
+from typer.testing import CliRunner
+
+from tiecli import display
+from tiecli.cli import app
+from tiecli.rundir import MetricsRow
+
+
+def row(step, loss=None, val=None):
+    return MetricsRow(
+        step=step,
+        tokens=step * 100,
+        lr=1e-3,
+        loss=loss,
+        tokens_per_s=None if loss is None else 12345.0,
+        val_loss=val,
+        val_ppl=None if val is None else 2.718**val,
+    )
+
+
+def test_the_bar_fits_80_columns_with_step_total_and_eta_first():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80)
+    name = "micro-untied-bpe4096-shakespeare-s0-" + "x" * 90  # a name longer than the line
+    with display.TrainProgress(console, name, total=500, start=0, log_interval=10) as progress:
+        console.print(progress.bar.get_renderable())
+        progress.advance(10)
+        progress.log(row(10, loss=4.123))
+        console.print(progress.bar.get_renderable())
+    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line) for line in out.getvalue().splitlines()]
+    assert lines[0].startswith("training micro-untied")  # the name on its own line
+    before = next(line for line in lines if "step 0/500" in line)
+    assert "loss —" in before and "— tok/s" in before and "nan" not in before  # no fake numbers yet
+    after = next(line for line in lines if "step 10/500" in line)
+    assert "loss 4.123" in after and "12,345 tok/s" in after and "ETA" in after
+    assert all(len(line) <= 80 for line in lines if "step" in line)
+
+
+def test_without_a_terminal_a_log_gets_plain_progress_and_evaluation_lines(isolated):
+    result = CliRunner().invoke(app, ["train", *TINY, "--name", "plain"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "training plain" in lines
+    progress = [
+        line for line in lines if re.match(r"step \d+/12 loss \d+\.\d{4} [\d,]+ tok/s elapsed \d+m\d\ds ETA", line)
+    ]
+    assert progress and progress[-1].startswith("step 12/12")
+    evals = [line for line in lines if line.startswith("eval step")]
+    assert [e.split(":")[0] for e in evals] == ["eval step 0/12", "eval step 6/12", "eval step 12/12"]
+
+
+def test_plain_lines_come_at_most_every_30_seconds_except_the_last(monkeypatch):
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    clock = iter([0.0, 1.0, 2.0, 40.0, 41.0])
+    monkeypatch.setattr(display.time, "perf_counter", lambda: next(clock))
+    with display.TrainProgress(console, "r", total=40, start=0, log_interval=10) as progress:
+        for step in (10, 20, 30, 40):
+            progress.log(row(step, loss=1.0))
+    steps = [line.split()[1] for line in out.getvalue().splitlines() if line.startswith("step ")]
+    assert steps == ["10/40", "30/40", "40/40"]  # 20 came 1 s after 10; the last step always shows
+
+
+def test_version_and_completion():
+    runner = CliRunner()
+    from tiecli import __version__
+
+    assert runner.invoke(app, ["--version"]).output.strip() == f"tiecli {__version__}"
+    result = runner.invoke(app, ["--show-completion", "bash"], prog_name="tiecli")
+    assert result.exit_code == 0 and "complete" in result.output

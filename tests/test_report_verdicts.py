@@ -1,0 +1,527 @@
+"""The rules that turn measurements into verdicts, each on synthetic run directories (written through
+rundir.RunWriter) whose right answer is known by construction: R4 against the untied cosine, C2/C7 on
+in/out agreement, log-perplexity differences, Holm correction and SESOI verdicts, the per-pair
+convergence target, R5/C6 in two parts, equal parameters and equal compute, the generalisation gap
+and the test split, and --select."""
+
+import math
+import statistics
+
+import pytest
+import yaml
+from scipy import stats
+from test_report import TOKENS_PER_STEP, V, holm, interval, make_run, params, results, tiecli, tost
+
+from tiecli import rundir
+
+LOG_1PCT = math.log(1.01)  # the default SESOI, 1% perplexity, as a Δloss
+
+
+def curve_to(loss):
+    """The default validation curve: 5.0 at step 0, loss + 1 at step 10, loss at step 20 (its minimum)."""
+    return [(0, 5.0), (10, loss + 1), (20, loss)]
+
+
+def synth(
+    root,
+    mode,
+    seed,
+    loss,
+    *,
+    size="nano",
+    curve=None,
+    diag=None,
+    agreement=None,
+    train=None,
+    test=None,
+    train_eval=None,
+    setting=None,
+    label="",
+):
+    """A run directory as `tiecli train` writes one: final whole-split val loss `loss`; curve: [(step, in-training val
+    loss)], tokens = step x TOKENS_PER_STEP; diag: gradient statistics on every logged row after step 0; agreement:
+    (step 0, last) in/out agreement dicts, geometry at both steps (None: no geometry); train, test: whole-split losses
+    added to eval.json; train_eval: train_eval_loss on the last row; setting: {"train": {...}} over the defaults."""
+    curve = curve or curve_to(loss)
+    shape = {"nano": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128}}[
+        size
+    ]
+    config = {
+        "device": "auto",
+        "compile": False,
+        "model": {"block_size": 128, "dropout": 0.0, "bias": True, **shape},
+        "train": {"max_steps": curve[-1][0], "max_tokens": None, "lr": 0.003, **(setting or {}).get("train", {})},
+        "diag": {"every": 10 if diag else 0},
+        "tying": {"mode": mode},
+        "tokenizer": {"name": "bytes", "vocab_size": V},
+    }
+    rows = [
+        rundir.MetricsRow(
+            step=step, tokens=step * TOKENS_PER_STEP, lr=0.003, val_loss=val, diag=dict(diag or {}) if step else {}
+        )
+        for step, val in curve
+    ]
+    rows[-1].train_eval_loss = train_eval
+    entries = [geometry(step, mode, a) for step, a in zip((0, curve[-1][0]), agreement)] if agreement else []
+    name = f"{size}-{mode}-s{seed}{label}"
+    writer = make_run(
+        root / name,
+        config,
+        seed,
+        loss,
+        rows,
+        entries,
+        params=params(size, "untied" if mode.startswith("untied") else "tied"),
+        choices={"model": size, "tying": mode, "data": "shakespeare", "tokenizer": "bytes"},
+        keep_open=True,
+    )
+    for split, value in (("train", train), ("test", test)):
+        if value is not None:
+            writer.eval(rundir.EvalResult(split, curve[-1][0], value, math.exp(value), value / 2, 5000, 10000, {}))
+    writer.close()
+
+
+def geometry(step, mode, agreement):
+    side = {"drift": 0.1 if mode == "tied" else 0.9, "singular_values": [2.0, 1.0]}
+    return rundir.GeometryEntry(
+        step=step, tied=mode == "tied", n_tokens=V, input=side, output=side, agreement=agreement
+    )
+
+
+def report(root, *args):
+    result = tiecli("report", root, "--out", root.parent / "out", *args)
+    assert result.exit_code == 0, result.output
+    return results(root.parent / "out")
+
+
+# --- R4: against the untied runs' cosine -------------------------------------------------------------------
+
+
+def test_r4_judges_the_tied_cosine_against_the_untied_one(tmp_path):
+    """nano: tied and untied paths equally negative (Δcos ~ 0: equivalent, though tied cos < 0 alone reads "supported");
+    micro: tied -0.31 against untied ~0 (supported)."""
+    cos = {
+        ("nano", "tied"): [-0.20, -0.21, -0.22],
+        ("nano", "untied"): [-0.20, -0.208, -0.222],
+        ("micro", "tied"): [-0.30, -0.31, -0.32],
+        ("micro", "untied"): [0.0, 0.01, -0.01],
+    }
+    for (size, mode), values in cos.items():
+        for seed, c in enumerate(values):
+            synth(
+                tmp_path / "runs",
+                mode,
+                seed,
+                3.0 + 0.1 * seed,
+                size=size,
+                diag={"grad_cos": c, "grad_cos_z": -3.0 + 0.2 * seed, "grad_norm_lost_pct": 4.0 + seed},
+            )
+    data, groups, claims = report(tmp_path / "runs")
+    for size, verdict in (("nano", "equivalent"), ("micro", "supported")):
+        delta = [t - u for t, u in zip(cos[(size, "tied")], cos[(size, "untied")])]
+        row = claims[("R4", f"{size} tied")]
+        assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(
+            interval(delta)
+        )
+        assert row["p"] == pytest.approx(stats.ttest_1samp(delta, 0).pvalue) and row["p_equiv"] == pytest.approx(
+            tost(delta, 0.05)
+        )
+        assert row["verdict"] == verdict, row
+        assert "z -2.8" in row["measured"] and "norm lost % 5" in row["measured"]
+        assert groups[f"{size} tied"]["delta_grad_cos_mean"] == pytest.approx(statistics.fmean(delta))
+    assert groups["nano tied"]["grad_cos_z_mean"] == pytest.approx(-2.8) and groups["nano tied"][
+        "grad_norm_lost_pct_mean"
+    ] == pytest.approx(5.0)
+    assert "NOT the cosine a tied model would see at the same weights" in data["rules"]["claim R4"]
+    assert "Gradient paths of the token matrices" in (tmp_path / "out" / "report.md").read_text()
+
+
+# --- C2/C7: in/out agreement, not drift ----------------------------------------------------------------------
+
+
+def test_c2_c7_reads_in_out_agreement_without_a_tie_not_drift(tmp_path):
+    """untied_init starts identical (CKA 1, distance 0) and moves apart: supported; untied starts unrelated and comes
+    together: contradicted. The tied matrix drifts less than the untied ones, which no verdict reads any more."""
+    for seed in range(3):
+        synth(
+            tmp_path / "runs",
+            "untied_init",
+            seed,
+            3.0,
+            agreement=(
+                {"cka": 1.0, "distance": 0.0, "knn_overlap": 1.0, "row_cosine": 1.0},
+                {"cka": 0.6 - 0.01 * seed, "distance": 0.5 + 0.01 * seed, "knn_overlap": 0.3, "row_cosine": 0.5},
+            ),
+        )
+        synth(
+            tmp_path / "runs",
+            "untied",
+            seed,
+            3.0,
+            agreement=(
+                {"cka": 0.05, "distance": 1.41, "knn_overlap": 0.0, "row_cosine": 0.0},
+                {"cka": 0.45 + 0.01 * seed, "distance": 1.2, "knn_overlap": 0.2, "row_cosine": 0.1},
+            ),
+        )
+        synth(tmp_path / "runs", "tied", seed, 3.0, agreement=(None, None))
+    data, groups, claims = report(tmp_path / "runs")
+    init, untied = claims[("C2/C7", "nano untied_init")], claims[("C2/C7", "nano untied")]
+    assert (init["interval"]["mean"], init["interval"]["low"], init["interval"]["high"]) == pytest.approx(
+        interval([-0.4, -0.41, -0.42])
+    )
+    assert init["verdict"] == "supported" and untied["verdict"] == "contradicted"
+    assert "CKA 1 -> 0.59, distance 0 -> 0.51" in init["measured"] and init["sesoi"] == pytest.approx(0.05)
+    assert groups["nano untied_init"]["distance_mean"] == pytest.approx(0.51) and groups["nano untied"][
+        "knn_overlap_mean"
+    ] == pytest.approx(0.2)
+    assert (
+        groups["nano tied"]["drift_input_mean"] < groups["nano untied"]["drift_input_mean"]
+    )  # shown, but judged nowhere
+    assert not [c for c in data["claims"] if "drift" in c["measured"] or c["claim"] == "C2"]
+    assert "Input/output agreement without a tie" in (tmp_path / "out" / "report.md").read_text()
+
+
+# --- log-perplexity differences -------------------------------------------------------------------------------
+
+
+def test_perplexity_differences_come_from_the_loss_interval(tmp_path):
+    """Δloss per seed +1.0, -0.8, +0.9: averaging % perplexity differences gives a lower bound below -100% (impossible);
+    the loss interval transformed by 100 (exp(x) - 1) cannot."""
+    tied = [4.0, 2.2, 3.9]
+    for seed, loss in enumerate(tied):
+        synth(tmp_path / "runs", "tied", seed, loss)
+        synth(tmp_path / "runs", "untied", seed, 3.0)
+    _, groups, claims = report(tmp_path / "runs")
+    delta = [t - 3.0 for t in tied]
+    mean, low, high = interval(delta)
+    assert interval([100 * math.expm1(d) for d in delta])[1] < -100  # the old rule's impossible bound
+    g = groups["nano tied"]
+    assert (g["delta_loss_mean"], g["delta_loss_low"], g["delta_loss_high"]) == pytest.approx((mean, low, high))
+    assert (g["delta_ppl_pct_mean"], g["delta_ppl_pct_low"], g["delta_ppl_pct_high"]) == pytest.approx(
+        (100 * math.expm1(mean), 100 * math.expm1(low), 100 * math.expm1(high))
+    )
+    assert g["delta_ppl_pct_low"] > -100
+    c6 = claims[("C6", "nano tied")]
+    assert (
+        c6["interval"]["low"] == pytest.approx(low)
+        and f"[{100 * math.expm1(low):.3g}, {100 * math.expm1(high):.3g}]" in c6["measured"]
+    )
+
+
+# --- Holm correction, SESOI, the new verdicts --------------------------------------------------------------------
+
+
+def holm_grid(root):
+    """Four tied/untied pairs, one per train.lr, no diagnostics. Δloss per seed: lr=0.001 raw p 0.049 (its 95%
+    interval just excludes 0); 0.002 a tiny, very consistent gain; 0.003 noise; 0.004 within +-0.25%."""
+    deltas = {
+        0.001: [-0.10, -0.06, -0.14],
+        0.002: [-0.002, -0.0021, -0.0019],
+        0.003: [0.1, -0.1, 0.02],
+        0.004: [0.001, -0.001, 0.0],
+    }
+    for lr, delta in deltas.items():
+        for seed, d in enumerate(delta):
+            base = 3.0 + 0.3 * seed
+            synth(root, "untied", seed, base, setting={"train": {"lr": lr}}, label=f"-lr{lr}")
+            synth(root, "tied", seed, base + d, setting={"train": {"lr": lr}}, label=f"-lr{lr}")
+    return deltas
+
+
+def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
+    deltas = holm_grid(tmp_path / "runs")
+    data, _, claims = report(tmp_path / "runs")
+    c6 = {lr: claims[("C6", f"nano tied train.lr={lr}")] for lr in deltas}
+    for lr, delta in deltas.items():
+        assert c6[lr]["p"] == pytest.approx(stats.ttest_1samp(delta, 0).pvalue)
+        assert c6[lr]["p_equiv"] == pytest.approx(tost(delta, LOG_1PCT))
+    tested = [c for c in data["claims"] if c["p"] is not None and c["claim"] != "C3"]  # C3 re-reads R6's test
+    assert len(tested) == 8  # C6 and R6 at each of the four pairs
+    assert [c["p_holm"] for c in tested] == pytest.approx(holm([c["p"] for c in tested]))
+    equivalence = [c for c in tested if c["p_equiv"] is not None]
+    assert [c["p_equiv_holm"] for c in equivalence] == pytest.approx(holm([c["p_equiv"] for c in equivalence]))
+
+    assert c6[0.001]["p"] < 0.05 < c6[0.001]["p_holm"] and c6[0.001]["interval"]["high"] < 0
+    assert (
+        c6[0.001]["verdict"] == "inconclusive" and "Holm p" in c6[0.001]["why"]
+    )  # the raw interval excludes 0: not enough
+    assert (
+        c6[0.002]["verdict"] == "negligible"
+        and c6[0.002]["p_holm"] < 0.05
+        and abs(c6[0.002]["interval"]["mean"]) < LOG_1PCT
+    )
+    assert c6[0.003]["verdict"] == "inconclusive"
+    assert c6[0.004]["verdict"] == "equivalent" and c6[0.004]["p_equiv_holm"] < 0.05
+    assert data["sesoi"] == {"ppl": 1.0, "cos": 0.05, "cka": 0.05} and data["multiple_comparisons"] == "holm"
+    assert (
+        "1% ppl" in data["rules"]["smallest effect of interest (SESOI)"]
+        and "0.05 cos" in data["rules"]["smallest effect of interest (SESOI)"]
+    )
+    r4 = [c for c in data["claims"] if c["claim"] == "R4"]
+    assert [c["verdict"] for c in r4] == ["no data: needs tied runs with gradient statistics (diag.every > 0)"]
+
+
+def test_the_sesoi_is_settable_and_checked(tmp_path):
+    holm_grid(tmp_path / "runs")
+    data, _, claims = report(tmp_path / "runs", "--sesoi", "ppl=0.1", "--sesoi", "cka=0.1")
+    assert data["sesoi"] == {"ppl": 0.1, "cos": 0.05, "cka": 0.1}
+    assert claims[("C6", "nano tied train.lr=0.002")]["sesoi"] == pytest.approx(math.log(1.001))
+    assert claims[("C6", "nano tied train.lr=0.002")]["verdict"] == "supported"  # 0.2% ppl is an effect of interest now
+    assert claims[("C6", "nano tied train.lr=0.004")]["verdict"] == "inconclusive"  # +-0.25% is not within +-0.1%
+    assert "0.1% ppl" in (tmp_path / "out" / "report.md").read_text()
+    for bad, message in (
+        ("foo=1", "error: --sesoi 'foo=1': unknown key 'foo'; valid keys: ppl, cos, cka"),
+        ("ppl=x", "error: --sesoi 'ppl=x' must be KEY=NUMBER with a number >= 0, e.g. ppl=1"),
+        ("cos=-1", "error: --sesoi 'cos=-1' must be KEY=NUMBER with a number >= 0, e.g. ppl=1"),
+    ):
+        result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "bad", "--sesoi", bad)
+        assert result.exit_code == 1 and result.output.strip() == message, result.output
+    assert not (tmp_path / "bad").exists()
+
+
+# --- the convergence target, per pair --------------------------------------------------------------------------
+
+
+def decay(best, tau, every=5, last=200):
+    """An exponential approach from 5.0 to `best`, evaluated every `every` steps."""
+    return [(s, best + (5.0 - best) * math.exp(-s / tau)) for s in range(0, last + 1, every)]
+
+
+def steps_to(curve, target):
+    """First evaluation at or below target, interpolated linearly from the one before; and the evaluations before it."""
+    i = next(i for i, (_, loss) in enumerate(curve) if loss <= target)
+    (s0, l0), (s1, l1) = curve[i - 1], curve[i]
+    return s0 + (l0 - target) / (l0 - l1) * (s1 - s0), i
+
+
+def test_the_convergence_target_belongs_to_the_pair(tmp_path):
+    """tied reaches 2.0, untied 2.1, scaled (slow) only 2.6. Adding scaled to the report leaves the tied-vs-untied
+    target (the higher of the two groups' best losses) and so its Δsteps unchanged."""
+    curves = {
+        mode: [decay(best, tau + 3 * seed) for seed in range(3)]
+        for mode, best, tau in (("tied", 2.0, 30), ("untied", 2.1, 40), ("scaled", 2.6, 60))
+    }
+    for mode in ("tied", "untied"):
+        for seed, curve in enumerate(curves[mode]):
+            synth(tmp_path / "two", mode, seed, curve[-1][1], curve=curve)
+    _, two, claims_two = report(tmp_path / "two")
+    for seed, curve in enumerate(curves["scaled"]):
+        synth(tmp_path / "two", "scaled", seed, curve[-1][1], curve=curve)
+    _, three, claims_three = report(tmp_path / "two")
+
+    target = max(min(loss for _, loss in c) for mode in ("tied", "untied") for c in curves[mode])
+    reached = {mode: [steps_to(c, target) for c in curves[mode]] for mode in ("tied", "untied")}
+    delta = [100 * (t / u - 1) for (t, _), (u, _) in zip(reached["tied"], reached["untied"])]
+    for groups in (two, three):
+        g = groups["nano tied"]
+        assert g["target_loss"] == pytest.approx(target)
+        assert (g["delta_steps_pct_mean"], g["delta_steps_pct_low"], g["delta_steps_pct_high"]) == pytest.approx(
+            interval(delta)
+        )
+    assert claims_two[("R6", "nano tied")]["interval"] == claims_three[("R6", "nano tied")]["interval"]
+    before = min(i for mode in reached for _, i in reached[mode])
+    assert before >= 8 and two["nano tied"]["convergence_note"] == ""  # well resolved: no note
+    assert three["nano scaled"]["target_loss"] == pytest.approx(
+        max(min(loss for _, loss in c) for c in curves["scaled"])
+    )
+
+
+def test_a_fixed_target_and_a_coarse_one_are_stated(tmp_path):
+    for seed in range(3):
+        synth(tmp_path / "runs", "tied", seed, 2.0 + 0.01 * seed, curve=decay(2.0 + 0.01 * seed, 30))
+        synth(tmp_path / "runs", "untied", seed, 2.5, curve=[(0, 5.0), (100, 3.5), (200, 2.5)])  # three evaluations
+    _, groups, claims = report(tmp_path / "runs", "--target-loss", "3.0")
+    g = groups["nano tied"]
+    tied = [steps_to(decay(2.0 + 0.01 * s, 30), 3.0)[0] for s in range(3)]
+    untied = steps_to([(0, 5.0), (100, 3.5), (200, 2.5)], 3.0)[0]
+    assert g["target_loss"] == 3.0 and g["steps_to_target_mean"] == pytest.approx(statistics.fmean(tied))
+    assert g["baseline_steps_to_target_mean"] == pytest.approx(untied)
+    assert g["convergence_note"] == "only 2 evaluations before the target (< 8): coarse"
+    assert claims[("R6", "nano tied")]["why"].endswith("; only 2 evaluations before the target (< 8): coarse")
+    _, groups, _ = report(tmp_path / "runs", "--target-loss", "2.2")  # below what the untied runs reach
+    assert (
+        groups["nano tied"]["convergence_note"] == "3 of 6 runs never reach the target"
+        and groups["nano tied"]["delta_steps_pct_mean"] is None
+    )
+
+
+# --- R5/C6: the sign at the smallest size and the trend ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "nano, micro, verdicts",
+    [
+        (
+            [0.05, 0.052, 0.048],
+            [0.2, 0.21, 0.19],
+            ("contradicted", "supported", "contradicted"),
+        ),  # tying hurts everywhere, more when larger
+        (
+            [-0.2, -0.21, -0.19],
+            [-0.02, -0.03, -0.01],
+            ("supported", "supported", "supported"),
+        ),  # helps the small model, less the large
+    ],
+)
+def test_the_size_claim_needs_the_smallest_size_and_the_trend(tmp_path, nano, micro, verdicts):
+    for size, delta in (("nano", nano), ("micro", micro)):
+        for seed, d in enumerate(delta):
+            synth(tmp_path / "runs", "untied", seed, 3.0, size=size)
+            synth(tmp_path / "runs", "tied", seed, 3.0 + d, size=size)
+    _, _, claims = report(tmp_path / "runs")
+    ladder = "nano tied -> micro tied"
+    assert claims[("R5/C6", ladder)]["verdict"] == verdicts[2]
+    smallest, trend, combined = (
+        claims[(claim, ladder)] for claim in ("R5/C6 (smallest size)", "R5/C6 (trend)", "R5/C6")
+    )
+    assert smallest["interval"] == claims[("C6", "nano tied")]["interval"] and smallest["interval"][
+        "mean"
+    ] == pytest.approx(statistics.fmean(nano))
+    fit = stats.linregress([math.log10(40_000)] * 3 + [math.log10(800_000)] * 3, nano + micro)
+    assert trend["interval"]["mean"] == pytest.approx(fit.slope) and trend["p"] == pytest.approx(fit.pvalue)
+    assert (smallest["verdict"], trend["verdict"], combined["verdict"]) == verdicts
+    assert combined["measured"] == f"smallest size: {verdicts[0]}; trend: {verdicts[1]}"
+
+
+# --- equal total parameters, equal compute -------------------------------------------------------------------------
+
+
+def test_equal_parameters_refuses_a_non_monotone_bracket(tmp_path):
+    """micro tied lies between nano untied and micro untied in total parameters, but micro untied ends worse than nano."""
+    for seed in range(3):
+        synth(tmp_path / "runs", "untied", seed, 3.0 + 0.01 * seed, size="nano")
+        synth(tmp_path / "runs", "untied", seed, 3.5 + 0.01 * seed, size="micro")
+        synth(tmp_path / "runs", "tied", seed, 3.2 + 0.01 * seed, size="micro")
+    _, groups, _ = report(tmp_path / "runs")
+    g = groups["micro tied"]
+    assert g["equal_params_note"].startswith("n/a: non-monotone") and g["equal_params_delta_ppl_pct_mean"] is None
+    assert "Validation at equal total parameters (smaller body)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_equal_compute_interpolates_the_baseline_in_log_flops(tmp_path):
+    """untied at 10k and 40k tokens; tied at 20k (halfway in log FLOPs: the same matmul parameters, twice the tokens)
+    and at 40k (exactly the untied run's FLOPs: equal compute is then equal architecture)."""
+    loss = {("untied", 10): 3.4, ("untied", 40): 3.0, ("tied", 20): 3.1, ("tied", 40): 2.95}
+    for (mode, k), value in loss.items():
+        for seed in range(3):
+            synth(
+                tmp_path / "runs",
+                mode,
+                seed,
+                value + 0.02 * seed * (k / 10),
+                curve=[(0, 5.0), (k, value + 0.02 * seed * (k / 10))],
+                setting={"train": {"max_tokens": k * TOKENS_PER_STEP}},
+                label=f"-{k}k",
+            )
+    data, groups, _ = report(tmp_path / "runs")
+    matmul = params("nano", "untied")["non_embedding"] + V * 64
+    assert groups["nano tied train.max_tokens=20000"]["flops_mean"] == pytest.approx(6 * matmul * 20_000)
+    half = [(3.4 + 0.02 * s + 3.0 + 0.08 * s) / 2 for s in range(3)]  # log(20k/10k) / log(40k/10k) = 1/2
+    mean, low, high = interval([3.1 + 0.04 * s - b for s, b in enumerate(half)])
+    g = groups["nano tied train.max_tokens=20000"]
+    assert (
+        g["equal_compute_delta_loss_mean"],
+        g["equal_compute_delta_loss_low"],
+        g["equal_compute_delta_loss_high"],
+    ) == pytest.approx((mean, low, high))
+    assert g["equal_compute_delta_ppl_pct_mean"] == pytest.approx(100 * math.expm1(mean))
+    assert g["equal_compute_note"] == "nano untied train.max_tokens=10000 and nano untied train.max_tokens=40000"
+    exact = groups["nano tied train.max_tokens=40000"]
+    assert (
+        exact["equal_compute_delta_loss_mean"] == pytest.approx(exact["delta_loss_mean"])
+        and exact["equal_compute_note"] == "nano untied train.max_tokens=40000"
+    )
+    assert "6 x (non-embedding parameters + V x C) x tokens" in data["rules"]["equal compute"]
+
+
+# --- generalisation gap and the test split -------------------------------------------------------------------------
+
+
+def test_generalisation_gap_and_the_test_split(tmp_path):
+    gap = {"tied": [0.05, 0.06, 0.04], "untied": [0.20, 0.22, 0.18]}
+    test = {"tied": [3.02, 3.11, 3.07], "untied": [3.10, 3.12, 3.15]}
+    for mode in gap:
+        for seed in range(3):
+            val = 3.0 + 0.05 * seed
+            synth(tmp_path / "runs", mode, seed, val, train=val - gap[mode][seed], test=test[mode][seed])
+    data, groups, claims = report(tmp_path / "runs")
+    delta = [t - u for t, u in zip(gap["tied"], gap["untied"])]
+    row = claims[("R5/C2 gap", "nano tied")]
+    assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(interval(delta))
+    assert row["verdict"] == "supported" and "eval.json" in row["measured"]
+    assert groups["nano tied"]["gap_mean"] == pytest.approx(0.05) and data["runs"][0]["gap_source"] == "eval.json"
+    c6 = claims[("C6", "nano tied")]  # every run has a test evaluation: final numbers on test
+    delta_test = [t - u for t, u in zip(test["tied"], test["untied"])]
+    assert c6["interval"]["mean"] == pytest.approx(statistics.fmean(delta_test)) and "test split" in c6["figure"]
+    mean, low, high = interval(delta_test)
+    g = groups["nano tied"]
+    assert (g["test_delta_ppl_pct_mean"], g["test_delta_ppl_pct_low"], g["test_delta_ppl_pct_high"]) == pytest.approx(
+        (100 * math.expm1(mean), 100 * math.expm1(low), 100 * math.expm1(high))
+    )
+    assert g["test_loss_mean"] == pytest.approx(statistics.fmean(test["tied"])) and g["claims_split"] == "test"
+    assert g["delta_loss_mean"] == pytest.approx(0.0)  # the validation table stays on val
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Test split (final numbers; any selection was made on val)" in md and "Generalisation gap" in md
+
+
+def test_the_gap_falls_back_on_the_training_windows_of_metrics(tmp_path):
+    for seed in range(2):
+        for mode, gap in (("tied", 0.1), ("untied", 0.3)):
+            synth(
+                tmp_path / "runs", mode, seed, 3.0, train_eval=3.0 - gap - 0.01 * seed
+            )  # the last row's val_loss is 3.0
+    data, groups, claims = report(tmp_path / "runs")
+    assert (
+        groups["nano tied"]["gap_mean"] == pytest.approx(0.105)
+        and data["runs"][0]["gap_source"] == "metrics.jsonl step 20"
+    )
+    assert claims[("R5/C2 gap", "nano tied")]["interval"]["mean"] == pytest.approx(-0.2)
+    assert "val split" in claims[("C6", "nano tied")]["figure"]  # no test evaluation: final numbers on val
+
+
+# --- --select -----------------------------------------------------------------------------------------------------------
+
+
+def test_select_compares_each_mode_at_its_own_best_value(tmp_path):
+    """tied is best at lr 0.001, untied at 0.003 (seed-mean final val loss): they are compared there."""
+    loss = {
+        ("tied", 0.001): [3.0, 3.1, 3.05],
+        ("tied", 0.003): [3.3, 3.4, 3.35],
+        ("untied", 0.001): [3.5, 3.6, 3.55],
+        ("untied", 0.003): [3.2, 3.25, 3.3],
+    }
+    for (mode, lr), values in loss.items():
+        for seed, value in enumerate(values):
+            synth(tmp_path / "runs", mode, seed, value, setting={"train": {"lr": lr}}, label=f"-lr{lr}")
+            synth(tmp_path / "emb", mode, seed, value, setting={"train": {"lr_embedding": lr}}, label=f"-lr{lr}")
+    data, groups, claims = report(tmp_path / "runs", "--select", "train.lr")
+    assert set(groups) == {"nano tied train.lr=0.001", "nano untied train.lr=0.003"}
+    g = groups["nano tied train.lr=0.001"]
+    assert g["baseline"] == "nano untied train.lr=0.003"
+    assert g["delta_loss_mean"] == pytest.approx(
+        statistics.fmean(a - b for a, b in zip(loss[("tied", 0.001)], loss[("untied", 0.003)]))
+    )
+    assert ("C6", "nano tied train.lr=0.001") in claims
+    assert [(d["values"], d["chosen"]) for d in data["not_selected"]] == [
+        ("train.lr=0.003", "train.lr=0.001"),
+        ("train.lr=0.001", "train.lr=0.003"),
+    ]
+    assert data["not_selected"][0]["loss"] == pytest.approx(3.35) and data["select"] == ["train.lr"]
+    assert "Not selected (--select)" in (tmp_path / "out" / "report.md").read_text()
+    _, groups, _ = report(tmp_path / "emb", "--select", "train.lr_embedding")  # any dotted key
+    assert set(groups) == {"nano tied train.lr_embedding=0.001", "nano untied train.lr_embedding=0.003"}
+    result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "bad", "--select", "train.nope")
+    assert result.exit_code == 1 and result.output.strip() == (
+        "error: no run has a setting 'train.nope' (--select train.nope); config groups: model, tying, data, tokenizer; "
+        "keys that differ between the runs: train.lr, tying.mode"
+    ), result.output
+    result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "bad", "--select", "tying.mode")
+    assert result.exit_code == 1 and "cannot select on the baseline's key tying" in result.output
+
+
+def test_the_synthetic_runs_are_read_as_written(tmp_path):
+    """The helper's own check: config, eval.json splits and metrics rows come back through RunReader."""
+    synth(tmp_path / "runs", "tied", 0, 3.0, train=2.9, test=3.1, train_eval=2.95, setting={"train": {"lr": 0.01}})
+    reader = rundir.RunReader(tmp_path / "runs" / "nano-tied-s0")
+    assert set(reader.evals()) == {"val", "train", "test"} and reader.metrics()[-1].train_eval_loss == 2.95
+    assert yaml.safe_load((tmp_path / "runs" / "nano-tied-s0" / "config.yaml").read_text())["train"]["lr"] == 0.01
