@@ -348,3 +348,19 @@ def test_config_dir_adds_choices_and_wins(tmp_path):
 
 def test_packaged_conf_is_found():
     assert (config.default_config_dir() / "config.yaml").is_file()
+
+
+def test_resume_may_change_what_measures_a_run_not_what_trains_it():
+    from tiecli import resume
+
+    stored, choices = config.compose([])
+    cfg = resume.resume_config(stored, choices, ["train.evals=10", "eval.test=false", "diag.max_snapshots=5"])
+    assert (cfg.train.evals, cfg.eval.test, cfg.diag.max_snapshots) == (10, False, 5)
+    for override in ("train.warmup_fraction=0.1", "train.lr_embedding=0.01", "train.lr_output=0.01"):
+        with pytest.raises(ConfigError) as e:
+            resume.resume_config(stored, choices, [override])
+        assert str(e.value).startswith(f"{override.split('=')[0]} was None in this run")
+        assert str(e.value).endswith(
+            "train.evals, train.eval_batches, train.log_interval, train.checkpoint_interval, "
+            "eval.test and diag.* keys (start a new run with another --name)"
+        )  # no logger.*: no such key
