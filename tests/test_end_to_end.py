@@ -32,5 +32,5 @@ def test_sweep_then_report_reads_what_train_wrote(isolated):
         reader = rundir.RunReader(sweep / next(job.run_dir for job in manifest.jobs if job.name == row["name"]))
         assert row["loss"] == reader.evals()["val"].loss  # the very number eval.json holds
         assert row["perplexity"] == reader.evals()["val"].perplexity
-    groups = {g["label"] for g in written["groups"]}
+    groups = {g["group"] for g in written["groups"]}
     assert any("tied" in g and "untied" not in g for g in groups) and any("untied" in g for g in groups)
