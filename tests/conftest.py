@@ -1,11 +1,18 @@
 """Shared test setup: one tokenizer/data cache per session, and each test in its own working folder."""
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
-# Small and fast: a 2-layer, 64-wide model on 32-token windows of the bundled corpus, byte tokens.
+# Small and fast: a 2-layer, 64-wide model on 32-token windows of tiny.txt (the first TINY_CHARS of the
+# bundled corpus, in every test's folder), byte tokens. A small corpus keeps the whole-split evaluations
+# at the end of each run to a fraction of a second; the bundled corpus itself is tested where it matters.
+TINY_CHARS = 240_000
 TINY = [
+    "data=textfile",
+    "data.path=tiny.txt",
     "model=nano",
     "model.block_size=32",
     "tokenizer=bytes",
@@ -19,10 +26,22 @@ TINY = [
 ]
 
 
+@pytest.fixture(scope="session")
+def tiny_text(tmp_path_factory) -> Path:
+    """TINY's corpus: the bundled corpus's first TINY_CHARS, cut at a line end, written once per session."""
+    from tiecli.data import load_documents
+
+    text = "".join(t for _, t in load_documents(conf().data))[:TINY_CHARS]
+    path = tmp_path_factory.getbasetemp() / "tiny.txt"
+    path.write_text(text[: text.rindex("\n") + 1])
+    return path
+
+
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, tmp_path_factory, monkeypatch):
-    """Run in tmp_path (so runs/ lands there) with a cache shared by the whole session."""
+def isolated(tmp_path, tmp_path_factory, monkeypatch, tiny_text):
+    """Run in tmp_path (so runs/ lands there, next to TINY's tiny.txt) with a cache shared by the whole session."""
     monkeypatch.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    os.link(tiny_text, tmp_path / "tiny.txt")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -136,7 +136,7 @@ def test_the_dataclasses_have_no_defaults_conf_has_them():
         (["model.n_head=0"], "n_head=0 must be at least 1"),
         (
             ["trainn.lr=1"],
-            "unknown config key 'trainn'; valid keys at the top level: compile, data, device, diag, dtype, eval, model,",
+            "unknown config key 'trainn'; valid keys at the top level: compile, data, device, diag, dtype, eval, logger, model,",
         ),
         (["seed.value=1"], "unknown config key 'seed.value': 'seed' is a single value, not a group of keys"),
     ],

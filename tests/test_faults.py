@@ -529,7 +529,7 @@ def test_data_path_that_cannot_be_read_is_one_line(isolated):
     refused(
         tiecli("train", *args("data.path=/proc/self/mem"), "--name", "X"),
         1,
-        "data.path file '/proc/self/mem' cannot be read",
+        "file '/proc/self/mem' cannot be read",
     )
     assert not (isolated / "runs").exists()
 

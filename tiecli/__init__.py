@@ -1,3 +1,3 @@
 """tiecli: does sharing the input embedding with the output matrix help a language model?"""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,4 +1,6 @@
 # python -m tiecli --help
 from tiecli.cli import app
 
-app()
+# Guarded: tokenizer worker processes (forkserver/spawn) import the main module again, as __mp_main__.
+if __name__ == "__main__":
+    app()

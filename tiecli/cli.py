@@ -110,6 +110,15 @@ def train(
     ] = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
     config_dir: ConfigDir = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            min=1,
+            help="Train data-parallel on N processes of this machine: starts torchrun --nproc_per_node N "
+            "(one GPU each on CUDA, gloo on CPU); the global batch stays train.batch_size x train.grad_accum",
+        ),
+    ] = None,
 ):
     """Train one model and evaluate it into runs/<name>/.
 
@@ -117,7 +126,7 @@ def train(
     """
     overrides = list(overrides or [])
     with user_errors():
-        from tiecli import config
+        from tiecli import config, distributed
         from tiecli import resume as resuming
 
         if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
@@ -125,21 +134,40 @@ def train(
             runs_dir, name = run_arg.parent, run_arg.name
         if name is not None and not name.strip():
             raise TiecliError("--name is empty; give a name, or leave --name out for the default")
-        if resume:
-            path, cfg, files = resuming.plan(runs_dir, name, overrides, config_dir)
+
+        def plan():
+            if resume:
+                return resuming.plan(runs_dir, name, overrides, config_dir, nproc or distributed.world_size())
+            return plan_new_run(runs_dir, name, overrides, config_dir)
+
+        if nproc is not None and not distributed.launched():  # check everything once, then start the ranks
+            path, cfg, _ = plan()
+            if path is not None:
+                distributed.rank_shape(config.to_config(cfg).train, nproc)
+                args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
+                args += [*(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
+                raise typer.Exit(distributed.torchrun(nproc, ["train", *args]))
+            return
+        with distributed.process_group(), distributed.quiet_others():
+            path, cfg, files = distributed.from_rank0(plan)  # rank 0 plans; a refusal is every rank's
             if path is None:
                 return
-        else:
-            path, cfg, files = plan_new_run(runs_dir, name, overrides, config_dir)
-        run_config = config.to_config(cfg)
-        from tiecli.train import train as train_run
+            run_config = config.to_config(cfg)
+            from tiecli.train import train as train_run
 
-        summary = train_run(run_config, path, resume, files)
+            summary = train_run(run_config, path, resume, files)
+        if summary is None:  # a rank other than 0: rank 0 reports
+            return
         console.print(display.summary_table(summary))
         entries = rundir.RunReader(path).geometry()
         if entries:
             console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
         console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
+        if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
+            from tiecli.sample import DEFAULT_PROMPT, Options, sample_run
+
+            n = run_config.train.sample_tokens
+            show_samples([sample_run(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))])
 
 
 def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
@@ -222,7 +250,17 @@ def info(
 
 @app.command()
 def geometry(
-    run: Annotated[Path, typer.Argument(help="A run directory")],
+    run: Annotated[
+        Path | None, typer.Argument(help="A run directory (or --model PATH instead)", show_default=False)
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            help="A pretrained model instead of a run: a .gguf file or a Hugging Face folder with config.json and "
+            "*.safetensors; only its token matrices and vocabulary are read",
+        ),
+    ] = None,
     step: Annotated[
         str,
         typer.Option(help="latest (the last checkpoint), init (step 0), or a step with a snapshot in checkpoints/emb/"),
@@ -230,7 +268,8 @@ def geometry(
     pairs: Annotated[
         Path | None,
         typer.Option(
-            help="Related word forms: a UTF-8 file, one tab-separated pair a line (default: the run's diag.pairs)"
+            help="Related word forms: a UTF-8 file, one tab-separated pair a line "
+            "(default: the run's diag.pairs; with --model, the shipped en)"
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the entry as JSON instead of a table")] = False,
@@ -240,12 +279,39 @@ def geometry(
             "--write", help="Also record the entry in the run's geometry.json (replacing one for the same step)"
         ),
     ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --model: write DIR/pretrained.json, which `tiecli report DIR ...` shows as a reference row"
+        ),
+    ] = None,
 ):
-    """Recompute the geometry of a run's token matrices from its checkpoint.
+    """Recompute the geometry of a run's token matrices from its checkpoint, or measure a pretrained model's.
 
     Example: tiecli geometry runs/micro-untied-bpe4096-shakespeare-s0 --pairs ru_pairs.tsv
+
+    Example: tiecli geometry --model SmolLM2-135M-Instruct.Q4_1.gguf --out refs/smollm2
     """
     with user_errors():
+        if model is not None:
+            if run is not None or step != "latest" or write:
+                raise ConfigError("--model measures a pretrained model: give it without a RUN, --step or --write")
+            from tiecli import pretrained
+
+            measured = pretrained.geometry_of_model(model, pairs, out)
+            if as_json:
+                print(json.dumps(measured, indent=2))
+                return
+            for line in pretrained.summary_lines(measured):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
+            console.print(pretrained.table(measured))
+            if out is not None:
+                console.print(f"written: {out / pretrained.PRETRAINED_FILE}", highlight=False, soft_wrap=True)
+            return
+        if run is None:
+            raise ConfigError("give a RUN directory, or --model PATH for a pretrained model")
+        if out is not None:
+            raise ConfigError("--out is for --model; a run's entry goes into its own geometry.json with --write")
         run_config = load_run_config(run)
         from tiecli.diagnostics import geometry_of_run
 
@@ -256,16 +322,115 @@ def geometry(
             console.print(display.geometry_table(entry.to_dict(), f"{run.name}: geometry at step {entry.step}"))
 
 
+class ExportTarget(str, Enum):
+    hf = "hf"
+    safetensors = "safetensors"
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="A run directory with a checkpoint")],
+    out_dir: Annotated[
+        Path, typer.Argument(help="Folder to write (created; refused if it holds files, unless --force)")
+    ],
+    to: Annotated[
+        ExportTarget,
+        typer.Option(
+            help="hf: a transformers GPT2LMHeadModel folder with tokenizer.json; "
+            "safetensors: tiecli's own state dict with the run's config as metadata"
+        ),
+    ] = ExportTarget.hf,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it already holds files")] = False,
+):
+    """Export a run's last checkpoint for transformers (AutoModelForCausalLM) or as plain safetensors.
+
+    Example: tiecli export runs/micro-tied-bpe4096-shakespeare-s0 --to hf exported/micro-tied
+    """
+    with user_errors():
+        run_config = load_run_config(run)
+        from tiecli.export import export_run
+
+        result = export_run(run, run_config, to.value, out_dir, force)
+        check = f"; logits match tiecli's to {result['max_logit_diff']:.2g}" if "max_logit_diff" in result else ""
+        console.print(
+            f"exported {run.name} (step {result['step']}, {result['tying']}) to {out_dir}: "
+            f"{', '.join(result['files'])}{check}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+@app.command()
+def sample(
+    run: Annotated[Path, typer.Argument(help="A run directory with a checkpoint")],
+    prompt: Annotated[str | None, typer.Option(help="Text to continue (default: a newline)")] = None,
+    prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file")] = None,
+    num_samples: Annotated[int, typer.Option(help="Samples to draw")] = 1,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate per sample")] = 200,
+    temperature: Annotated[
+        float, typer.Option(help="Divide the logits by this; 0 always takes the most likely token")
+    ] = 0.8,
+    top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens only (0: every token)")] = 200,
+    top_p: Annotated[
+        float, typer.Option(help="Sample among the fewest most likely tokens that reach this probability (1: all)")
+    ] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seeds the samples: the same seed gives the same text")] = 0,
+    step: Annotated[str, typer.Option(help="latest, or the step of the run's checkpoint")] = "latest",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON with the token ids and each token's log-probability")
+    ] = False,
+    compare: Annotated[
+        Path | None, typer.Option(help="A second run, sampled with the same prompt and seed, printed side by side")
+    ] = None,
+):
+    """Generate text from a run's checkpoint (every tying mode); the same seed gives the same text.
+
+    Example: tiecli sample runs/micro-tied-bpe4096-shakespeare-s0 --prompt "ROMEO:" --num-samples 3
+    """
+    with user_errors():
+        from tiecli.sample import Options, read_prompt, sample_run
+
+        options = Options(
+            read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed
+        )
+        results = [sample_run(r, load_run_config(r), step, options) for r in [run, *([compare] if compare else [])]]
+        if as_json:
+            print(json.dumps([r.to_dict() for r in results] if compare else results[0].to_dict(), indent=2))
+        else:
+            show_samples(results)
+
+
+def show_samples(results) -> None:
+    """Each run's samples (prompt and continuation), one column per run when there are two."""
+    from rich.table import Table
+    from rich.text import Text
+
+    o = results[0].options
+    console.print(
+        f"prompt {results[0].prompt!r}, seed {o['seed']}, temperature {o['temperature']}, "
+        f"top-k {o['top_k']}, top-p {o['top_p']}",
+        highlight=False,
+        markup=False,
+    )
+    if len(results) == 1:
+        for s in results[0].samples:
+            console.print(Text(results[0].prompt + s.text))
+            console.print("-" * 40)
+        return
+    table = Table(*(f"{r.run} (step {r.step})" for r in results), show_lines=True)
+    for row in zip(*(r.samples for r in results)):
+        table.add_row(*(Text(r.prompt + s.text) for r, s in zip(results, row)))
+    console.print(table)
+
+
 def load_run_config(run: Path):
     """A run directory's config.yaml as a checked Config."""
     from tiecli import config
 
     if not rundir.is_run_dir(run):
         raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
-    try:
-        return config.to_config(OmegaConf.create(rundir.RunReader(run).config()))
-    except ConfigError as e:
-        raise TiecliError(f"{str(run / rundir.CONFIG)!r} is not a valid tiecli config: {e}") from None
+    return config.from_dict(rundir.RunReader(run).config(), run)
 
 
 @app.command()
@@ -278,7 +443,38 @@ def sweep(
             "(default: the study name, or built from the overrides)"
         ),
     ] = None,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Jobs to run at once")] = 1,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            min=1,
+            help="Jobs to run at once on this machine (basic, submitit_local; default 1)",
+            show_default=False,
+        ),
+    ] = None,
+    launcher: Annotated[
+        str,
+        typer.Option(
+            "--launcher",
+            help="basic (subprocesses here), submitit_local (submitit, here) or submitit_slurm (one SLURM job array); "
+            "settings: conf/launcher/NAME.yaml, changed with launcher.KEY=VALUE",
+        ),
+    ] = "basic",
+    gpus_per_job: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus-per-job",
+            min=1,
+            help="GPUs per job (CUDA_VISIBLE_DEVICES, round-robin); more than 1 runs the job under torchrun",
+            show_default=False,
+        ),
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", metavar="NAME", help="Show sweep NAME's jobs (state, job id, step, losses); submit nothing"
+        ),
+    ] = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder whose sweeps/ subfolder holds the sweep")] = Path(
         "runs"
     ),
@@ -287,26 +483,37 @@ def sweep(
         bool,
         typer.Option(
             "--dry-run",
-            help="Print the jobs, their run directories, steps, tokens, evaluations "
-            "and disk use, and the total; run and write nothing",
+            help="Print the jobs, their run directories, steps, tokens, evaluations, disk use and the "
+            "wall time estimated from a few steps measured here, and the total; run and write nothing",
         ),
     ] = False,
+    estimate: Annotated[
+        bool, typer.Option("--estimate/--no-estimate", help="With --dry-run: time a few steps per model size here")
+    ] = True,
 ):
     """Train every combination of the swept overrides (a,b,c, range(0,3), glob(*), study=NAME), one process per job.
 
     Re-running the same sweep skips completed jobs, resumes interrupted ones and retries failed ones.
 
-    Example: tiecli sweep model=nano,micro tying=tied,untied seed=0,1,2
+    Example: tiecli sweep model=nano,micro tying=tied,untied seed=0,1,2 --launcher submitit_slurm launcher.slurm.partition=gpu
     """
     with user_errors():
         from tiecli import sweep as sweeps
 
-        sweep_dir, manifest, configs = sweeps.plan(overrides or [], config_dir, runs_dir, name)
+        if status is not None:
+            if overrides:
+                raise ConfigError(f"--status {status} shows a sweep; give it no overrides ({overrides[0]!r})")
+            sweeps.show_status(runs_dir, status, console)
+            return
+        launch = sweeps.launch_options(launcher, overrides or [], config_dir, jobs, gpus_per_job)
+        options = sweeps.launch_command(launch, jobs)
+        sweep_dir, manifest, configs = sweeps.plan(overrides or [], config_dir, runs_dir, name, options)
         if dry_run:
-            for line in sweeps.dry_run_lines(sweep_dir, manifest, configs):
+            lines = sweeps.dry_run_lines(sweep_dir, manifest, configs, launch, estimate, err_console)
+            for line in lines:
                 console.print(line, highlight=False, markup=False, soft_wrap=True)
             return
-        code = sweeps.run(sweep_dir, manifest, jobs, console)
+        code = sweeps.run(sweep_dir, manifest, launch.parallel, console, launch=launch)
     raise typer.Exit(code)
 
 

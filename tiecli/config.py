@@ -36,9 +36,12 @@ from tiecli import rundir, tokenizer
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPTConfig
 
-GROUPS = ("model", "tying", "data", "tokenizer")
+GROUPS = ("model", "tying", "data", "tokenizer", "logger")
+LIST_GROUPS = ("logger",)  # groups of which one picks several files at once (logger=[tensorboard,wandb]), or none
+WANDB_MODES = ("offline", "online", "disabled")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16")
+COMPILE = ("auto", "true", "false")
 DATA_SPLITS = ("document", "block")
 SEED_LIMIT = 2**63  # torch.manual_seed takes 64 bits, read as signed or unsigned; [0, 2**63) fits both
 
@@ -71,6 +74,7 @@ class TrainConfig:
     eval_batches: int
     log_interval: int
     checkpoint_interval: int
+    sample_tokens: int
 
 
 @dataclass
@@ -82,12 +86,18 @@ class DataConfig:
     test_fraction: float
     split_seed: int
     n_blocks: int
+    num_proc: int | None
+    files: str | None  # data=hf only, like text_field, hub and hf_split
+    text_field: str | None
+    hub: str | None
+    hf_split: str | None
 
 
 @dataclass
 class TokenizerConfig:
     name: str
     vocab_size: int
+    train_bytes: int | None  # tokenizer=bpe only; None: the whole training split
 
 
 @dataclass
@@ -107,6 +117,27 @@ class DiagConfig:
 
 
 @dataclass
+class TensorBoardLogger:
+    projector: bool
+    projector_tokens: int | None
+
+
+@dataclass
+class WandbLogger:
+    project: str
+    entity: str | None
+    mode: str
+
+
+@dataclass
+class LoggerSettings:
+    """The trackers logger=[...] picked (conf/logger/*.yaml); None: that tracker is off."""
+
+    tensorboard: TensorBoardLogger | None = None
+    wandb: WandbLogger | None = None
+
+
+@dataclass
 class Settings:
     """Everything but the model: the same in the composed config and in `Config`."""
 
@@ -115,10 +146,11 @@ class Settings:
     tokenizer: TokenizerConfig
     eval: EvalConfig
     diag: DiagConfig
+    logger: LoggerSettings
     seed: int
     device: str
     dtype: str
-    compile: bool
+    compile: str  # auto, true or false (a bool given on the command line arrives as "True"/"False")
 
 
 @dataclass
@@ -233,10 +265,20 @@ def config_dirs(config_dir: Path | None) -> list[Path]:
 def check_choices(parsed: list[Override], config_dirs: list[Path]) -> None:
     """Unknown group choices get the list of valid ones, before Hydra's multi-line error can."""
     for o in parsed:
-        if o.key_or_group in GROUPS:
+        if o.key_or_group in GROUPS and o.key_or_group not in LIST_GROUPS:
             options = group_options(o.key_or_group, config_dirs)
             if str(o.value()) not in options:
                 raise ConfigError(f"unknown {o.key_or_group} {o.value()!r}; valid choices: {', '.join(options)}")
+        if o.key_or_group in LIST_GROUPS:
+            options = group_options(o.key_or_group, config_dirs)
+            value = o.value()
+            values = [str(v) for v in value] if isinstance(value, list) else [str(value)]
+            bad = next((v for v in values if v not in options or values.count(v) > 1), None)
+            if bad is not None:
+                raise ConfigError(
+                    f"{o.input_line!r}: {bad!r} is unknown or repeated; valid choices: {', '.join(options)} "
+                    f"(several at once: {o.key_or_group}=[{','.join(options)}])"
+                )
 
 
 def check_unique(parsed: list[Override], where: str) -> None:
@@ -272,7 +314,9 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
             if o.key_or_group not in GROUPS:
                 _check_key(base, o.key_or_group)
         cfg = _hydra_compose(list(overrides))
-    choices = {g: cfg.hydra.runtime.choices[g] for g in GROUPS}
+    choices = {g: cfg.hydra.runtime.choices[g] for g in GROUPS if g not in LIST_GROUPS}
+    # Hydra records no choice for a list; str() of the parsed value is what `--resume` compares it with.
+    choices |= {o.key_or_group: str(o.value()) for o in parsed if o.key_or_group in LIST_GROUPS}
     with open_dict(cfg):
         del cfg["hydra"]
     _check_resolvable(cfg)
@@ -322,6 +366,8 @@ def _check_key(cfg: DictConfig, key: str) -> None:
         keys = sorted(
             typing.cast(set[str], set(node.keys())) - {"hydra"}
         )  # not `part in node`: that is False for a key set to null or ???
+        if part not in keys and i == 1 and parts[0] in LIST_GROUPS:  # logger.wandb.project without logger=[wandb]
+            raise ConfigError(f"{key!r} sets a {parts[0]} that is not picked; add {parts[0]}=[{part}]")
         if part not in keys:
             raise ConfigError(_unknown_key(".".join(parts[: i + 1]), keys))
         node = OmegaConf.select(
@@ -334,11 +380,37 @@ def _unknown_key(key: str, valid: list[str]) -> str:
     return f"unknown config key {key!r}; valid keys {f'under {parent!r}' if parent else 'at the top level'}: {', '.join(valid)}"
 
 
+def from_dict(stored: dict, run: Path) -> Config:
+    """A run directory's config.yaml (parsed) as a checked Config; TiecliError naming the file when it is not one."""
+    try:
+        return to_config(upgraded(stored, rundir.RunReader(run).overrides().get("choices", {})))
+    except ConfigError as e:
+        raise TiecliError(f"{str(Path(run) / rundir.CONFIG)!r} is not a valid tiecli config: {e}") from None
+
+
+def upgraded(stored: dict, choices: dict[str, str]) -> DictConfig:
+    """A run's stored config plus the keys conf/ gained since it was written, at their defaults.
+
+    A run directory keeps the config it was trained with, and a newer tiecli must still read it
+    (eval, sample, geometry, --resume). Keys are only ever added with a default that keeps the old
+    behaviour (a tracker off, tokenizer processes, a sample length of 0), so the default for the run's
+    own group choices stands in for what it lacks. Its stored values always win; a key it has that
+    conf/ no longer defines is still refused, by name, when the config is checked.
+    """
+    try:
+        defaults, _ = compose([f"{g}={v}" for g, v in choices.items() if g in GROUPS and g not in LIST_GROUPS])
+    except ConfigError:  # a choice conf/ no longer has: check the stored config as it is
+        return OmegaConf.create(stored)
+    OmegaConf.set_struct(defaults, False)
+    return typing.cast(DictConfig, OmegaConf.merge(defaults, stored))
+
+
 def to_config(cfg: DictConfig) -> Config:
     """The composed DictConfig as dataclasses, with every key, type and value checked."""
     composed = _check_types(cfg)
     _check_finite(composed)
     settings = {f.name: getattr(composed, f.name) for f in dataclasses.fields(Settings)}
+    settings["compile"] = settings["compile"].lower()
     config = Config(**settings, model=_gpt_config(composed))
     _validate(config)
     return config
@@ -387,6 +459,8 @@ def _expected(key: str):
     """The type `Composed` gives `key`, e.g. eval.buckets[0] -> float."""
     hint = Composed
     for part in re.findall(r"\w+", key):
+        if isinstance(hint, types.UnionType):  # an optional group of keys (logger.tensorboard): the group
+            hint = next((t for t in typing.get_args(hint) if dataclasses.is_dataclass(t)), hint)
         hint = typing.get_type_hints(hint)[part] if dataclasses.is_dataclass(hint) else typing.get_args(hint)[0]
     return hint
 
@@ -430,6 +504,7 @@ def _validate(c: Config) -> None:
     device_ok = c.device in DEVICES or re.fullmatch(r"cuda:\d+", c.device)
     need(bool(device_ok), f"device={c.device!r} is not valid; choose one of {', '.join(DEVICES)} or cuda:N")
     need(c.dtype in DTYPES, f"dtype={c.dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
+    need(c.compile in COMPILE, f"compile={c.compile!r} is not valid; choose one of {', '.join(COMPILE)}")
     for key, seed in (("seed", c.seed), ("data.split_seed", c.data.split_seed), ("diag.seed", c.diag.seed)):
         need(0 <= seed < SEED_LIMIT, f"{key}={seed} is not valid; a seed is an integer in [0, 2**63)")
     need(
@@ -441,6 +516,22 @@ def _validate(c: Config) -> None:
         f"data.val_fraction={c.data.val_fraction} and data.test_fraction={c.data.test_fraction} must be > 0 and sum below 1",
     )
     need(c.data.n_blocks >= 3, f"data.n_blocks={c.data.n_blocks} must be at least 3 (train, val, test)")
+    need(
+        c.data.num_proc is None or c.data.num_proc >= 1,
+        f"data.num_proc={c.data.num_proc} must be at least 1 (or null: all cores)",
+    )
+    need(
+        c.data.name != "hf" or (c.data.files is None) != (c.data.hub is None),
+        "data=hf reads data.files=PATH (local files or a saved dataset folder) or data.hub=NAME (a Hub dataset): give exactly one",
+    )
+    need(
+        c.data.name == "hf" or (c.data.files is None and c.data.hub is None),
+        f"data.files and data.hub are read by data=hf only; data={c.data.name} reads data.path",
+    )
+    need(
+        c.tokenizer.train_bytes is None or c.tokenizer.train_bytes >= 1,
+        f"tokenizer.train_bytes={c.tokenizer.train_bytes} must be at least 1 (or null: the whole training split)",
+    )
     need(c.diag.every >= 0, f"diag.every={c.diag.every} must be >= 0 (0 turns the gradient statistics off)")
     need(
         c.diag.max_snapshots >= 2,
@@ -449,6 +540,17 @@ def _validate(c: Config) -> None:
     )
     b = c.eval.buckets
     need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
+    tb, wb = c.logger.tensorboard, c.logger.wandb
+    if tb is not None and tb.projector_tokens is not None:
+        need(
+            tb.projector_tokens >= 1,
+            f"logger.tensorboard.projector_tokens={tb.projector_tokens} must be at least 1 (or null: all)",
+        )
+    if wb is not None:
+        need(
+            wb.mode in WANDB_MODES,
+            f"logger.wandb.mode={wb.mode!r} is not valid; choose one of {', '.join(WANDB_MODES)}",
+        )
 
 
 def _validate_train(t: TrainConfig) -> None:
@@ -471,6 +573,7 @@ def _validate_train(t: TrainConfig) -> None:
             getattr(t, key) is None or getattr(t, key) >= 1,
             f"train.{key}={getattr(t, key)} must be at least 1 (or null: {instead})",
         )
+    need(t.sample_tokens >= 0, f"train.sample_tokens={t.sample_tokens} must be >= 0 (0: no sample after training)")
     need(
         t.lr > 0 and 0 <= t.min_lr <= t.lr,
         f"train.lr={t.lr}, train.min_lr={t.min_lr}: need 0 <= min_lr <= lr and lr > 0",
@@ -492,6 +595,97 @@ def _validate_train(t: TrainConfig) -> None:
         need(0 <= getattr(t, key) < 1, f"train.{key}={getattr(t, key)} is not in [0, 1): AdamW's betas are decay rates")
 
 
+# --- `tiecli sweep --launcher NAME`: conf/launcher/NAME.yaml and the command line's launcher.* overrides ---
+
+
+@dataclass
+class LocalLauncher:
+    """conf/launcher/{basic,submitit_local}.yaml's local: keys (timeout_min and signal_delay_s: submitit_local's only)."""
+
+    threads_per_job: int | None
+    timeout_min: float | None = None
+    signal_delay_s: int | None = None
+
+
+@dataclass
+class SlurmLauncher:
+    """conf/launcher/submitit_slurm.yaml's slurm: keys, each an sbatch option."""
+
+    partition: str | None
+    time: int
+    gpus_per_node: int
+    cpus_per_task: int | None
+    mem: str | None
+    array_parallelism: int
+    account: str | None
+    qos: str | None
+    signal_delay_s: int
+    extra: list[str]
+    setup: list[str]
+
+
+@dataclass
+class LauncherConfig:
+    """One conf/launcher/*.yaml: a launcher has the local: keys or the slurm: keys."""
+
+    local: LocalLauncher | None = None
+    slurm: SlurmLauncher | None = None
+
+
+def compose_launcher(name: str, overrides: list[str], config_dir: Path | None = None) -> LauncherConfig:
+    """conf/launcher/NAME.yaml (the first config dir that has it) with `launcher.KEY=VALUE` overrides, checked."""
+    dirs = config_dirs(config_dir)
+    options = group_options("launcher", dirs)
+    if name not in options:
+        raise ConfigError(f"unknown --launcher {name!r}; valid launchers: {', '.join(options)}")
+    path = next(d / "launcher" / f"{name}.yaml" for d in dirs if (d / "launcher" / f"{name}.yaml").is_file())
+    file = OmegaConf.create({"launcher": rundir.read_yaml(path, repr(str(path)))})
+    parsed = parse_overrides(overrides)
+    check_unique(parsed, "on the command line")
+    for o in parsed:
+        if o.is_sweep_override():
+            raise ConfigError(f"{o.input_line!r}: a launcher setting takes one value")
+        _check_key(file, o.key_or_group)
+        OmegaConf.update(file, o.key_or_group, o.value(), merge=False)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(LauncherConfig), file.launcher)
+        launcher = typing.cast(LauncherConfig, OmegaConf.to_object(merged))
+    except OmegaConfBaseException as e:
+        hint: typing.Any = LauncherConfig
+        for part in str(e.full_key).split("."):  # the key's type, through the `X | None` of each section
+            hint = typing.get_type_hints(next(t for t in typing.get_args(hint) or (hint,) if t is not type(None)))[part]
+        raise ConfigError(
+            f"launcher.{e.full_key}={e.value!r} has the wrong type; expected {_type_words(hint)}"
+        ) from None
+    _validate_launcher(launcher)
+    return launcher
+
+
+def _validate_launcher(c: LauncherConfig) -> None:
+    if c.local is not None:
+        lo = c.local
+        _need(
+            lo.threads_per_job is None or lo.threads_per_job >= 1,
+            "launcher.local.threads_per_job must be >= 1 (or null)",
+        )
+        _need(lo.timeout_min is None or lo.timeout_min > 0, f"launcher.local.timeout_min={lo.timeout_min} must be > 0")
+        _need(lo.signal_delay_s is None or lo.signal_delay_s >= 0, "launcher.local.signal_delay_s must be >= 0")
+    if c.slurm is not None:
+        s = c.slurm
+        for key in ("time", "array_parallelism"):
+            _need(getattr(s, key) >= 1, f"launcher.slurm.{key}={getattr(s, key)} must be at least 1")
+        _need(
+            s.gpus_per_node >= 0 and s.signal_delay_s >= 0,
+            "launcher.slurm.gpus_per_node and signal_delay_s must be >= 0",
+        )
+        _need(
+            s.cpus_per_task is None or s.cpus_per_task >= 1,
+            f"launcher.slurm.cpus_per_task={s.cpus_per_task} must be >= 1",
+        )
+        bad = next((line for line in s.extra if not re.fullmatch(r"--[A-Za-z][\w-]*(=.+)?", line)), None)
+        _need(bad is None, f"launcher.slurm.extra line {bad!r} is not an sbatch option such as --constraint=a100")
+
+
 NAME_CHARS = "A-Za-z0-9._-"  # shell-safe without quoting, and the same on every file system
 NAME_LIMIT = 80
 
@@ -502,11 +696,17 @@ def run_name(choices: dict[str, str], cfg: DictConfig, overrides: list[str]) -> 
     e.g. micro-untied-bpe4096-shakespeare-s0-3f9a1c2e; overrides.yaml keeps the overrides themselves.
     """
     tok = choices["tokenizer"] + (str(cfg.tokenizer.vocab_size) if choices["tokenizer"] == "bpe" else "")
-    path = cfg.data.get("path")  # its stem to read, a hash of the whole path to keep a/x.txt and b/x.txt apart
+    path = (
+        cfg.data.get("path") or cfg.data.get("files") or cfg.data.get("hub")
+    )  # its stem to read, a hash of the whole path to keep a/x.txt and b/x.txt apart
     data = choices["data"] + (f"_{Path(str(path)).stem[:24]}-{_hash(str(path), 6)}" if path else "")
     readable = f"{choices['model']}-{choices['tying']}-{tok}-{data}-s{cfg.seed}"
-    named = {*GROUPS, "seed", "tokenizer.vocab_size", "data.path"}
-    extras = sorted(typing.cast(str, o.input_line) for o in parse_overrides(overrides) if o.key_or_group not in named)
+    named = {*GROUPS, "seed", "tokenizer.vocab_size", "data.path", "data.files", "data.hub"}
+    extras = sorted(
+        typing.cast(str, o.input_line)
+        for o in parse_overrides(overrides)
+        if o.key_or_group not in named and not o.key_or_group.startswith("logger.")  # trackers change nothing trained
+    )
     name = re.sub(f"[^{NAME_CHARS}]", "_", readable)
     if len(name) > NAME_LIMIT - 9:  # long choice names (a --config-dir's): cut, and keep apart by the hash
         name, extras = name[: NAME_LIMIT - 9], [readable, *extras]

@@ -1,22 +1,34 @@
 # Used by `tiecli train` and `tiecli eval`: corpus -> deterministic split -> cached token arrays -> batches.
 """The data pipeline.
 
-A corpus is a list of documents (the bundled Shakespeare, or the user's files). It is split into
-train/val/test by whole documents or by contiguous blocks, so held-out text is never trained on;
-the split depends only on the data settings, never on the training seed. Each split is tokenized
-once and cached as a flat token array (a numpy memmap) under a key that hashes the split texts and
-the tokenizer, so a second run with the same data starts at once.
+A corpus is a sequence of documents: the bundled Shakespeare, the user's text files (data=textfile),
+or a text column read with Hugging Face datasets (data=hf: parquet, json/jsonl or text files, a saved
+dataset folder, a Hub dataset). It is split into train/val/test by whole documents or by contiguous
+blocks, so held-out text is never trained on; the split depends only on the data settings, never on
+the training seed.
+
+Nothing holds the whole corpus. It is read as a stream of text pieces, several times: to hash its
+files (the cache key), to measure its units (documents or blocks) and choose the held-out ones, to
+draw the BPE training sample when that tokenizer is not cached yet, and to tokenize. Tokenizing cuts
+each split's text into ~1 MB chunks at points no token crosses, encodes them in a pool of
+`data.num_proc` processes and appends the ids to one flat file per split, read back as a numpy memmap.
+A second run with the same data and tokenizer only hashes the files, then reads the cached arrays.
 """
 
+import codecs
+import functools
 import glob
 import hashlib
 import json
 import lzma
 import os
 import random
+import re
 import shutil
 import stat
 import tempfile
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +38,23 @@ import torch
 
 from tiecli import tokenizer
 from tiecli.config import DataConfig, TokenizerConfig
-from tiecli.errors import TiecliError
+from tiecli.errors import ConfigError, TiecliError
 
 SPLITS = ("train", "val", "test")
 BUCKETS = ("frequent", "mid", "rare")
 SHAKESPEARE = Path(__file__).parent / "assets" / "shakespeare.jsonl.xz"
+TOKENS_FORMAT = 2  # part of the cache key: bump when the split or the token files change, and old entries are rebuilt
+CHUNK_CHARS = 1 << 20  # text per tokenizer task: ~0.2 s of work, so the pool's cost per task is small
+READ_BYTES = 8 << 20  # a text file is read this many bytes at a time
+HF_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".txt": "text"}
+HF_COMPRESSIONS = (".gz", ".xz", ".bz2", ".zst")  # datasets decompresses these itself
+
+# A point no token crosses in any of tiecli's split patterns (GPT-2's, rustbpe's and the bytes one):
+# just after a newline between two non-space characters, or just before a space between two ASCII
+# letters. Text on either side splits into the pieces the whole text would, so encoding text cut
+# there, piece by piece, gives exactly the ids of the whole. (Python's \s holds every character that
+# the tokenizers' regex engine counts as a space, and a few more: the cuts err on the safe side.)
+_SAFE_CUT = re.compile(r"(?<=\S)\n(?=\S)|(?<=[A-Za-z])(?= [A-Za-z])")
 
 
 def cache_dir() -> Path:
@@ -40,29 +64,63 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiecli"
 
 
-def load_documents(data: DataConfig) -> list[tuple[str, str]]:
-    """(name, text) pairs, in a stable order."""
+def num_proc(data: DataConfig) -> int:
+    """Tokenizer processes: data.num_proc, else every core this process may run on."""
+    if data.num_proc is not None:
+        return data.num_proc
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources: where the documents come from
+
+
+@dataclass
+class Source:
+    """A corpus that reads the same documents, in the same order, every time it is read."""
+
+    kind: str  # shakespeare, textfile or hf: part of the cache key
+    files: list[Path]  # the files the cache key hashes
+    documents: Callable[[], Iterator[Iterable[str]]]  # each document as pieces of text
+
+
+def source(data: DataConfig) -> Source:
     if data.name == "shakespeare":
-        with lzma.open(SHAKESPEARE, "rt", encoding="utf-8") as f:
-            return [(d["name"], d["text"]) for d in map(json.loads, f)]
+        return Source("shakespeare", [SHAKESPEARE], _shakespeare)
+    if data.name == "hf":
+        return _hf_source(data)
     if data.path is None:
         raise TiecliError("data.path is required for data=textfile: give data.path=FILE, FOLDER or GLOB")
-    return [(str(p), _read_utf8(p)) for p in _text_files(data.path)]
+    files = _files(data.path, "data.path")
+    return Source("textfile", files, lambda: (_read_text(f) for f in files))
 
 
-def _text_files(path: str) -> list[Path]:
+def load_documents(data: DataConfig) -> Iterator[tuple[int, str]]:
+    """(index, text) of each document, each whole: for tests and small corpora (load_corpus streams)."""
+    for i, doc in enumerate(source(data).documents()):
+        yield i, "".join(doc)
+
+
+def _shakespeare() -> Iterator[list[str]]:
+    with lzma.open(SHAKESPEARE, "rt", encoding="utf-8") as f:
+        for line in f:
+            yield [json.loads(line)["text"]]
+
+
+def _files(path: str, key: str) -> list[Path]:
+    """The files a path names: itself, every file under a folder (hidden ones skipped), or a glob's matches."""
     p = Path(path).expanduser()
     if any(ch in path for ch in "*?["):
         files = [Path(f) for f in sorted(glob.glob(str(p), recursive=True)) if Path(f).is_file()]
         if not files:
-            raise TiecliError(f"data.path {path!r} matches no files")
+            raise TiecliError(f"{key} {path!r} matches no files")
         return files
     try:
         mode = p.stat().st_mode  # stat only: a FIFO is never opened (reading one would block)
     except (FileNotFoundError, NotADirectoryError):
-        raise TiecliError(f"data.path {path!r} does not exist") from None
+        raise TiecliError(f"{key} {path!r} does not exist") from None
     except OSError as e:  # a name too long, a folder it may not enter, a symlink loop
-        raise TiecliError(f"data.path {_short(path)!r} cannot be used ({e.strerror or type(e).__name__})") from None
+        raise TiecliError(f"{key} {_short(path)!r} cannot be used ({e.strerror or type(e).__name__})") from None
     if stat.S_ISREG(mode):
         return [p]
     if stat.S_ISDIR(mode):
@@ -70,74 +128,210 @@ def _text_files(path: str) -> list[Path]:
             f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
         )
         if not files:
-            raise TiecliError(f"data.path {path!r} is a folder with no files in it")
+            raise TiecliError(f"{key} {path!r} is a folder with no files in it")
         return files
-    raise TiecliError(f"data.path {path!r} is not a regular file or a folder (a FIFO, socket or device)")
+    raise TiecliError(f"{key} {path!r} is not a regular file or a folder (a FIFO, socket or device)")
 
 
 def _short(path: str) -> str:
     return path if len(path) <= 80 else f"{path[:40]}...{path[-30:]}"
 
 
-def _read_utf8(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:  # /proc/self/mem and other files that stat as regular but cannot be read
-        raise TiecliError(f"data.path file {str(path)!r} cannot be read ({e.strerror or type(e).__name__})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise TiecliError(
-            f"data.path file {str(path)!r} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})"
-        ) from None
+def _cannot_read(path: Path, e: OSError) -> TiecliError:
+    # /proc/self/mem and other files that stat as regular but cannot be read
+    return TiecliError(f"file {str(path)!r} cannot be read ({e.strerror or type(e).__name__})")
 
 
-def split_texts(docs: list[tuple[str, str]], data: DataConfig) -> dict[str, str]:
-    """Train/val/test texts. Held-out units are drawn by a seeded shuffle until each holds its share of bytes."""
-    if sum(len(text) for _, text in docs) == 0:
-        raise TiecliError(f"the {data.name} corpus holds no text ({len(docs)} file(s), all empty)")
-    if not any(text.strip() for _, text in docs):
-        raise TiecliError(
-            f"the {data.name} corpus holds only whitespace ({len(docs)} file(s)): there is nothing to learn"
-        )
-    if data.split == "document":
-        if len(docs) < 3:
-            raise TiecliError(
-                f"data.split=document needs at least 3 documents, the corpus has {len(docs)}; use data.split=block"
-            )
-        units = [text for _, text in docs]
+def _read_text(path: Path) -> Iterator[str]:
+    """A UTF-8 file's text, READ_BYTES at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    read = 0
+    try:
+        with open(path, "rb") as f:
+            while True:
+                raw = f.read(READ_BYTES)
+                read += len(raw)
+                try:
+                    text = decoder.decode(raw, final=not raw)
+                except UnicodeDecodeError as e:  # e.object: the bytes held back from the last read, then these
+                    where = read - len(e.object) + e.start
+                    raise TiecliError(
+                        f"data.path file {str(path)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {where})"
+                    ) from None
+                if text:
+                    yield text
+                if not raw:
+                    return
+    except OSError as e:
+        raise _cannot_read(path, e) from None
+
+
+def _digest(src: Source, data: DataConfig) -> str:
+    """A hash of all the split texts come from: the input files' bytes and the settings that cut them."""
+    settings = [TOKENS_FORMAT, src.kind, data.split, data.val_fraction, data.test_fraction, data.split_seed]
+    settings += [data.n_blocks, data.text_field, data.hf_split]
+    digest = hashlib.sha256(json.dumps(settings).encode())
+    for path in src.files:
+        try:
+            with open(path, "rb") as f:
+                digest.update(b"\0%d\0" % os.fstat(f.fileno()).st_size)
+                while block := f.read(READ_BYTES):
+                    digest.update(block)
+        except OSError as e:
+            raise _cannot_read(path, e) from None
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Units and the split
+
+
+def _nbytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def _text(src: Source) -> Iterator[str]:
+    """The whole corpus as one stream of pieces: its documents, a blank line between two."""
+    for i, doc in enumerate(src.documents()):
+        if i:
+            yield "\n\n"
+        yield from doc
+
+
+def _stream(src: Source, data: DataConfig, ends: list[int]) -> Iterator[tuple[int, str]]:
+    """(unit, piece) for the whole corpus in order: units are the documents, or blocks ending at `ends`."""
+    if data.split == "block":
+        yield from _cut(_text(src), ends)
+        return
+    for i, doc in enumerate(src.documents()):
+        yield i, ""  # an empty document still takes its place between two joiners
+        for piece in doc:
+            yield i, piece
+
+
+def _cut(pieces: Iterable[str], ends: list[int]) -> Iterator[tuple[int, str]]:
+    """The stream of pieces cut at the character offsets `ends`: (block, piece)."""
+    block, pos = 0, 0
+    for piece in pieces:
+        while piece:
+            take = min(len(piece), ends[block] - pos)
+            yield block, piece[:take]
+            piece, pos = piece[take:], pos + take
+            if pos == ends[block] and block + 1 < len(ends):
+                block += 1
+
+
+@dataclass
+class SplitPlan:
+    sizes: np.ndarray  # (U,) UTF-8 bytes of each unit
+    owners: np.ndarray  # (U,) index into SPLITS of the split each unit belongs to
+    ends: list[int]  # data.split=block: where each block ends in the corpus text (characters); else []
+
+
+def split_plan(src: Source, data: DataConfig) -> SplitPlan:
+    """Measure the units, then hold out whole units: a seeded shuffle draws them until each split holds its share of bytes."""
+    if data.split == "block":
+        ends, sizes = _blocks(src, data)
     else:
-        units = _blocks("\n\n".join(text for _, text in docs), data.n_blocks)
-    if len(units) < 3:
+        ends, sizes = [], _document_sizes(src, data)
+    if len(sizes) < 3:
         raise TiecliError(
-            f"the {data.name} text cuts into only {len(units)} block(s) at line ends; train, val and test "
+            f"the {data.name} text cuts into only {len(sizes)} block(s) at line ends; train, val and test "
             "need one each: give a longer text with more lines"
         )
-    order = list(range(len(units)))
-    random.Random(data.split_seed).shuffle(order)
-    total = sum(len(u.encode()) for u in units)
-    owner = ["train"] * len(units)
-    for split, fraction, keep in (("test", data.test_fraction, 2), ("val", data.val_fraction, 1)):
+    owners = np.zeros(len(sizes), dtype=np.int8)
+    total, remaining = int(sizes.sum()), len(sizes)
+    order = _shuffled_from_the_end(len(sizes), data.split_seed)
+    for split, fraction, keep in ((2, data.test_fraction, 2), (1, data.val_fraction, 1)):
         held = 0  # at least one unit each, and `keep` left over for the splits still to fill
-        while (held == 0 or held < fraction * total) and len(order) > keep:
-            i = order.pop()
-            owner[i] = split
-            held += len(units[i].encode())
-    joiner = "\n\n" if data.split == "document" else ""
-    return {s: joiner.join(u for u, o in zip(units, owner) if o == s) for s in SPLITS}
+        while (held == 0 or held < fraction * total) and remaining > keep:
+            i = next(order)
+            owners[i], held, remaining = split, held + int(sizes[i]), remaining - 1
+    if sizes[owners == 0].sum() == 0:
+        raise TiecliError(f"the training split of {data.name} is empty: lower data.val_fraction/test_fraction")
+    return SplitPlan(sizes, owners, ends)
 
 
-def _blocks(text: str, n_blocks: int) -> list[str]:
-    """Cut text into about n_blocks contiguous pieces, each ending at a line end where there is one."""
-    size = max(1, len(text) // n_blocks)
-    blocks, start = [], 0
-    while start < len(text):
-        end = min(len(text), start + size)
-        newline = text.find("\n", end - 1)  # the first line end at or after the cut
-        end = len(text) if newline == -1 or len(text) - newline < size // 2 else newline + 1
-        blocks.append(text[start:end])
-        start = end
-    return blocks
+def _shuffled_from_the_end(n: int, seed: int) -> Iterator[int]:
+    """0..n-1 in the order random.Random(seed).shuffle leaves them, last first, each drawn when asked for.
+
+    shuffle swaps from the end (Fisher-Yates), so its last k places are settled after k draws: the few
+    held-out units of millions cost a few draws, not a list of millions.
+    """
+    rng = random.Random(seed)
+    moved: dict[int, int] = {}  # place -> the unit a swap left there
+    for i in range(n - 1, 0, -1):
+        j = rng.randrange(i + 1)  # what shuffle draws: randrange(i + 1) is its _randbelow(i + 1)
+        yield moved.get(j, j)
+        moved[j] = moved.get(i, i)
+    if n:
+        yield moved.get(0, 0)
+
+
+def _check_text(data: DataConfig, n_docs: int, n_bytes: int, blank: bool) -> None:
+    if n_bytes == 0:
+        raise TiecliError(f"the {data.name} corpus holds no text ({n_docs} document(s), all empty)")
+    if blank:
+        raise TiecliError(
+            f"the {data.name} corpus holds only whitespace ({n_docs} document(s)): there is nothing to learn"
+        )
+
+
+def _document_sizes(src: Source, data: DataConfig) -> np.ndarray:
+    sizes, blank = array("q"), True
+    for doc in src.documents():
+        n = 0
+        for piece in doc:
+            n += _nbytes(piece)
+            blank = blank and (not piece or piece.isspace())
+        sizes.append(n)
+    _check_text(data, len(sizes), sum(sizes), blank and sum(sizes) > 0)
+    if len(sizes) < 3:
+        raise TiecliError(
+            f"data.split=document needs at least 3 documents, the corpus has {len(sizes)}; use data.split=block"
+        )
+    return np.frombuffer(sizes, dtype=np.int64)
+
+
+def _blocks(src: Source, data: DataConfig) -> tuple[list[int], np.ndarray]:
+    """About data.n_blocks contiguous blocks of the corpus text, each ending at a line end where there is one.
+
+    A block ends at the first line end at or after its start + total // n_blocks characters; the last
+    block also takes a rest shorter than half a block. Returns each block's end and its bytes.
+    """
+    total = n_docs = 0
+    blank = True
+    for doc in src.documents():
+        n_docs += 1
+        for piece in doc:
+            total += len(piece)
+            blank = blank and (not piece or piece.isspace())
+    _check_text(data, n_docs, total, blank and total > 0)
+    total += 2 * (n_docs - 1)  # the blank lines between documents
+    size = max(1, total // data.n_blocks)
+    ends: list[int] = []
+    sizes = array("q")
+    start = pos = n = 0  # where the block starts, where the piece starts, the block's bytes so far
+    for piece in _text(src):
+        cut = 0  # where the block's part of this piece starts
+        while start < total and (newline := piece.find("\n", max(0, min(total, start + size) - 1 - pos))) != -1:
+            if total - (pos + newline) < size // 2:
+                start = total  # the rest is too short for a block of its own: it joins the last one
+                break
+            n += _nbytes(piece[cut : newline + 1])
+            ends.append(pos + newline + 1)
+            sizes.append(n)
+            start, cut, n = pos + newline + 1, newline + 1, 0
+        n += _nbytes(piece[cut:])
+        pos += len(piece)
+    if not ends or ends[-1] < total:
+        ends.append(total)
+        sizes.append(n)
+    return ends, np.frombuffer(sizes, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenized splits, cached
 
 
 @dataclass
@@ -148,7 +342,7 @@ class Corpus:
     tokens: dict[str, np.ndarray]  # split -> (N,) token ids
     counts: np.ndarray  # (V,) how often each token occurs in the training split
     token_bytes: np.ndarray  # (V,) UTF-8 bytes of each token, for bits per byte
-    key: str  # cache key: hash of the split texts and the tokenizer
+    key: str  # cache key: hash of the input files, the split settings and the tokenizer
 
     def buckets(self, bounds: list[float]) -> np.ndarray:
         return frequency_buckets(self.counts, bounds)
@@ -156,17 +350,16 @@ class Corpus:
 
 def load_corpus(data: DataConfig, tok: TokenizerConfig, cache: Path | None = None) -> Corpus:
     cache = cache or cache_dir()
-    texts = split_texts(load_documents(data), data)
-    if not texts["train"]:
-        raise TiecliError(f"the training split of {data.name} is empty: lower data.val_fraction/test_fraction")
-    enc = tokenizer.build(tok.name, tok.vocab_size, texts["train"], cache)
-    digest = hashlib.sha256(tokenizer.fingerprint(enc).encode())
-    for s in SPLITS:
-        digest.update(f"\0{s}\0".encode() + texts[s].encode())
-    key = digest.hexdigest()[:20]
+    src = source(data)
+    digest = _digest(src, data)
+    plan = functools.cache(lambda: split_plan(src, data))  # measured only when something must be built
+    sample = functools.partial(_bpe_sample, src, data, plan, tok.train_bytes)
+    enc = tokenizer.build(tok.name, tok.vocab_size, sample, cache, key=f"{digest} train_bytes={tok.train_bytes}")
+    key = hashlib.sha256(f"{digest} {tokenizer.fingerprint(enc)}".encode()).hexdigest()[:20]
     folder = cache / "tokens" / key
     if not (folder / "meta.json").exists():
-        _write_tokens(folder, enc, texts)
+        chunks = _split_chunks(_stream(src, data, plan().ends), plan().owners, _joiner(data))
+        _write_tokens(folder, enc, chunks, num_proc(data))
     meta = json.loads((folder / "meta.json").read_text())
     tokens: dict[str, np.ndarray] = {
         s: np.memmap(folder / f"{s}.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_tokens"][s],)) for s in SPLITS
@@ -186,20 +379,84 @@ def load_corpus(data: DataConfig, tok: TokenizerConfig, cache: Path | None = Non
     )
 
 
-def _write_tokens(folder: Path, enc: tiktoken.Encoding, texts: dict[str, str]) -> None:
+def _joiner(data: DataConfig) -> str:
+    """What goes between two units of a split: a blank line between documents; blocks are contiguous text."""
+    return "\n\n" if data.split == "document" else ""
+
+
+def _bpe_sample(src: Source, data: DataConfig, plan: Callable[[], SplitPlan], limit: int | None) -> str:
+    """About `limit` bytes of the training split (all of it with no limit), spread over it: every k-th
+    training unit, joined as the split joins them, the last one cut short."""
+    sizes, owners = plan().sizes, plan().owners
+    train = np.flatnonzero(owners == 0)
+    stride = 1 if limit is None else max(1, -(-int(sizes[train].sum()) // limit))
+    chosen = np.zeros(len(owners), dtype=bool)
+    chosen[train[::stride]] = True
+    parts: list[str] = []
+    n, last = 0, -1
+    for unit, piece in _stream(src, data, plan().ends):
+        if not chosen[unit]:
+            continue
+        if unit != last and last != -1:
+            parts.append(_joiner(data))
+        last = unit
+        parts.append(piece if limit is None else piece[: limit - n])  # characters: bytes for ASCII text
+        n += _nbytes(parts[-1])
+        if limit is not None and n >= limit:
+            break
+    return "".join(parts)
+
+
+def _split_chunks(stream: Iterable[tuple[int, str]], owners: np.ndarray, joiner: str) -> Iterator[tuple[int, str]]:
+    """(split, text): each split's text (its units joined by `joiner`) in chunks of about CHUNK_CHARS,
+    cut only where no token crosses, so that the chunks' ids, end to end, are the ids of the whole text."""
+    pending: list[list[str]] = [[] for _ in SPLITS]
+    length, last = [0] * len(SPLITS), [-1] * len(SPLITS)
+    limit = [2 * CHUNK_CHARS] * len(SPLITS)
+    for unit, piece in stream:
+        s = int(owners[unit])
+        if last[s] != unit:
+            if last[s] != -1:
+                pending[s].append(joiner)
+                length[s] += len(joiner)
+            last[s] = unit
+        pending[s].append(piece)
+        length[s] += len(piece)
+        if length[s] < limit[s]:
+            continue
+        text, start = "".join(pending[s]), 0
+        while len(text) - start >= 2 * CHUNK_CHARS and (cut := _SAFE_CUT.search(text, start + CHUNK_CHARS)):
+            yield s, text[start : cut.end()]
+            start = cut.end()
+        pending[s], length[s] = [text[start:]], len(text) - start
+        # Text with no safe point (one endless line without spaces) waits until it has doubled: joined O(n) times in all
+        limit[s] = max(2 * CHUNK_CHARS, 2 * length[s])
+    for s, parts in enumerate(pending):
+        text = "".join(parts)
+        if text:
+            yield s, text
+
+
+def _write_tokens(folder: Path, enc: tiktoken.Encoding, chunks: Iterator[tuple[int, str]], processes: int) -> None:
     """Tokenize every split into a temporary folder, then rename it into place (atomic)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.uint16 if enc.n_vocab <= 2**16 else np.uint32
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        meta: dict = {"dtype": np.dtype(dtype).name, "n_tokens": {}}
-        for s in SPLITS:
-            ids = np.array(enc.encode_ordinary(texts[s]), dtype=dtype)
-            ids.tofile(tmp / f"{s}.bin")
-            meta["n_tokens"][s] = len(ids)
-            if s == "train":
-                np.save(tmp / "counts.npy", np.bincount(ids, minlength=enc.n_vocab).astype(np.int64))
-        (tmp / "meta.json").write_text(json.dumps(meta))
+        counts = np.zeros(enc.n_vocab, dtype=np.int64)
+        n_tokens = dict.fromkeys(SPLITS, 0)
+        files = [open(tmp / f"{s}.bin", "wb") for s in SPLITS]
+        try:
+            for split, ids in tokenizer.encode_stream(enc, chunks, dtype, processes):
+                ids.tofile(files[split])
+                n_tokens[SPLITS[split]] += len(ids)
+                if split == 0:
+                    counts += np.bincount(ids, minlength=enc.n_vocab)
+        finally:
+            for f in files:
+                f.close()
+        np.save(tmp / "counts.npy", counts)
+        (tmp / "meta.json").write_text(json.dumps({"dtype": np.dtype(dtype).name, "n_tokens": n_tokens}))
         try:
             tmp.rename(folder)
         except OSError:  # another process cached the same key first; theirs is identical
@@ -207,6 +464,132 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, texts: dict[str, str]) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# ---------------------------------------------------------------------------------------------
+# data=hf: Hugging Face datasets
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise TiecliError("data=hf needs Hugging Face datasets: pip install 'tiecli[hf]'") from None
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors reach the user as tiecli's one line
+    return datasets
+
+
+def _hf_source(data: DataConfig) -> Source:
+    """data.files (local files or a saved dataset folder) or data.hub (a Hub dataset), column data.text_field."""
+    field = data.text_field or "text"
+    if data.hub is not None:
+        datasets = _datasets()
+        ds, where = _hub_dataset(datasets, data.hub, data.hf_split), f"data.hub={data.hub!r}"
+        files = [Path(f["filename"]) for f in ds.cache_files]
+    else:
+        assert data.files is not None  # config checks that data=hf has one of files, hub
+        where = f"data.files={data.files!r}"
+        files = _files(data.files, "data.files")  # before importing datasets (seconds): a wrong path fails at once
+        folder = Path(data.files).expanduser()
+        datasets = _datasets()
+        if (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file():
+            ds = _saved_dataset(datasets, folder, data.hf_split)
+        else:
+            ds = _local_dataset(datasets, files)
+    columns = ds.column_names or ["text"]  # the text builder's one column; features unknown until read
+    if field not in columns:
+        raise ConfigError(f"data.text_field={field!r} is not a column of {where}; its columns: {', '.join(columns)}")
+    kind = getattr(ds.features.get(field) if ds.features else None, "dtype", "string")
+    if kind not in ("string", "large_string"):
+        raise ConfigError(f"data.text_field={field!r} holds {kind} values in {where}, not text")
+    ds = ds.select_columns([field])
+    return Source("hf", files, lambda: _rows(ds, field, where))
+
+
+def _rows(ds, field: str, where: str) -> Iterator[list[str]]:
+    """Each row's text: one document; rows whose text is null are skipped."""
+    import pyarrow
+
+    try:
+        for batch in ds.iter(batch_size=1000):
+            for text in batch[field]:
+                if text is not None:
+                    yield [text]
+    except (pyarrow.ArrowException, ValueError) as e:
+        raise TiecliError(f"{where} cannot be read: {' '.join(str(e).split())[:200]}") from None
+
+
+def _local_dataset(datasets, files: list[Path]):
+    formats = {}
+    for f in files:
+        suffixes = [x for x in f.suffixes if x not in HF_COMPRESSIONS]
+        if not suffixes or suffixes[-1] not in HF_FORMATS:
+            continue  # a README or licence beside the data
+        formats[f] = HF_FORMATS[suffixes[-1]]
+    if not formats:
+        raise ConfigError(
+            f"data.files holds no file data=hf reads ({len(files)} file(s)): give .parquet, .json, .jsonl or .txt "
+            f"files (also {'/'.join(HF_COMPRESSIONS)}-compressed), or a folder saved with save_to_disk"
+        )
+    kinds = sorted(set(formats.values()))
+    if len(kinds) > 1:
+        raise ConfigError(f"data.files mixes formats ({', '.join(kinds)}): give files of one format")
+    if kinds[0] == "parquet":
+        _check_parquet(list(formats))
+    options = {"sample_by": "document"} if kinds[0] == "text" else {}  # a .txt file is one document
+    data_files = [str(f) for f in formats]
+    return datasets.load_dataset(kinds[0], data_files=data_files, split="train", streaming=True, **options)
+
+
+def _check_parquet(files: list[Path]) -> None:
+    """Refuse empty and broken parquet files up front, by their footers: datasets would fail mid-stream."""
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    for f in files:
+        try:
+            rows = pq.ParquetFile(f).metadata.num_rows
+        except (pyarrow.ArrowException, OSError) as e:
+            raise TiecliError(
+                f"data.files file {str(f)!r} is not a parquet file ({' '.join(str(e).split())})"
+            ) from None
+        if rows == 0:
+            raise TiecliError(
+                f"data.files file {str(f)!r} is an empty parquet file (0 rows): remove it or give another"
+            )
+
+
+def _saved_dataset(datasets, folder: Path, split: str | None):
+    """A folder written by Dataset.save_to_disk, or by DatasetDict.save_to_disk (then data.hf_split picks one)."""
+    try:
+        ds = datasets.load_from_disk(str(folder))
+    except (FileNotFoundError, ValueError) as e:
+        raise TiecliError(f"data.files={str(folder)!r} cannot be read as a saved dataset: {e}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise ConfigError(f"data.hf_split={split!r} is not a split of {str(folder)!r}; its splits: {', '.join(ds)}")
+        ds = ds[split]
+    return ds
+
+
+def _hub_dataset(datasets, name: str, split: str | None):
+    """A Hub dataset, downloaded into Hugging Face's cache the first time and read from there after."""
+    try:
+        return datasets.load_dataset(name, split=split)
+    except ConnectionError:
+        raise TiecliError(
+            f"data.hub={name!r} cannot be loaded: offline (no network, or HF_DATASETS_OFFLINE=1) "
+            "and not in Hugging Face's cache; give local files with data.files=PATH"
+        ) from None
+    except datasets.exceptions.DatasetNotFoundError as e:
+        raise TiecliError(f"data.hub={name!r} is not a dataset on the Hub: {' '.join(str(e).split())}") from None
+    except ValueError as e:  # an unknown split names the valid ones
+        raise ConfigError(f"data.hub={name!r}, data.hf_split={split!r}: {' '.join(str(e).split())}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches and evaluation windows
 
 
 def frequency_buckets(counts: np.ndarray, bounds: list[float]) -> np.ndarray:

@@ -7,7 +7,7 @@ gradients of the token matrices interact.
 In a shared matrix W the gradient is G = G_in + G_out: G_in arrives through the embedding lookup
 (non-zero only in rows of tokens present in the batch's inputs), G_out through the logits (every
 row). Both come from the one backward pass that trains the model (tiecli/model.py:Embeddings
-records them through hooked views). In untied modes G_in is the input embedding's gradient and
+hands them to two sinks from its fork). In untied modes G_in is the input embedding's gradient and
 G_out the output matrix's: what tying would have summed.
 
   grad_cos            cos(G_in, G_out) over all rows
@@ -33,7 +33,7 @@ import numpy as np
 import tiktoken
 import torch
 
-from tiecli import checkpoint, geometry, rundir, tokenizer
+from tiecli import checkpoint, distributed, geometry, rundir, tokenizer
 from tiecli.config import Config, default_config_dir
 from tiecli.data import BUCKETS, load_corpus
 from tiecli.errors import TiecliError
@@ -44,10 +44,27 @@ from tiecli.rundir import GeometryEntry
 def gradient_paths(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
     """(G_in, G_out) of the last backward pass(es), before clipping."""
     if emb.shared:
-        return emb.grads["in"], emb.grads["out"]
+        split = emb.split_grads()
+        assert split is not None  # called after a backward pass, which fills both sinks
+        return split
     g_in, g_out = emb.wte.grad, emb.lm_head.grad
     assert g_in is not None and g_out is not None  # called after a backward pass, which sets both
     return g_in, g_out
+
+
+def across_ranks(
+    emb: Embeddings, g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gradient_paths and the input tokens of the global batch, from each rank's own (the identity in one process).
+
+    Under DDP a shared matrix's split holds each rank's own micro-batches' gradients: they are
+    averaged over the ranks in place, as DDP averages W.grad, and present is OR-ed, so the statistics
+    are those of one process on the whole batch. An untied model's wte.grad and lm_head.grad are
+    W.grad itself, which DDP has already averaged.
+    """
+    if emb.shared:
+        g_in, g_out = distributed.mean_(g_in), distributed.mean_(g_out)
+    return g_in, g_out, distributed.any_(present)
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float | None:

@@ -62,6 +62,132 @@ class GPTConfig:
 
 
 INIT_STD = 0.02  # GPT-2's normal init of every matrix
+HEAD_CHUNK_ELEMENTS = 2**22  # the fused head holds at most this many logits (16 MB in fp32) at a time
+
+
+def _head_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The matmuls' dtype: autocast's (bf16) when it is on for h's device, else the weight's."""
+    if torch.is_autocast_enabled(h.device.type):
+        return torch.get_autocast_dtype(h.device.type)
+    return weight.dtype
+
+
+def _chunk_logits(h, w, bias, scale: float) -> torch.Tensor:
+    """fp32 logits (n, V) of one chunk of rows: the matmul in the compute dtype, everything after in fp32."""
+    logits = (h @ w.t()).float()
+    if scale != 1.0:
+        logits = logits * scale
+    return logits if bias is None else logits + bias.float()
+
+
+def _chunk_rows(n: int, vocab_size: int) -> int:
+    return max(1, min(n, HEAD_CHUNK_ELEMENTS // vocab_size))
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """sum_i CE(scale * h_i W^T + b, y_i), in chunks of rows, with its gradients computed on the way.
+
+    Liger-Kernel's fused linear cross-entropy, in plain torch: each chunk's logits live only while
+    its softmax, loss and gradients are computed, so the (N, V) logits never exist whole. The
+    gradients of the summed loss are computed in forward (the softmax is at hand there) and
+    backward only scales them by the incoming gradient, which mean and sum reductions make one
+    number: the step does the head's three matmuls once, as the plain path does.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, scale: float, dtype: torch.dtype):
+        N, V = h.shape[0], weight.shape[0]
+        wants_grad = any(ctx.needs_input_grad[:3])
+        w = weight.to(dtype)  # (V, C): cast once, not per chunk
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # (N, C)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if wants_grad else None
+        grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) if bias is not None and wants_grad else None
+        rows = _chunk_rows(N, V)
+        for start in range(0, N, rows):
+            hc, yc = h[start : start + rows].to(dtype), targets[start : start + rows]  # (n, C), (n,)
+            logits = _chunk_logits(hc, w, bias, scale)  # (n, V) fp32
+            lse = torch.logsumexp(logits, dim=-1)  # (n,)
+            total = total + (lse - logits.gather(1, yc[:, None]).squeeze(1)).sum()
+            if not wants_grad:
+                continue
+            # d(sum of losses)/d(logits) = softmax - onehot(y)
+            d = torch.exp(logits - lse[:, None]).scatter_add(1, yc[:, None], -torch.ones_like(lse)[:, None])
+            if grad_b is not None:
+                grad_b += d.sum(0)
+            d = (d * scale if scale != 1.0 else d).to(dtype)  # (n, V): through the scale, into the matmuls
+            if grad_h is not None:
+                grad_h[start : start + rows] = (d @ w).to(h.dtype)
+            grad_w += (d.t() @ hc).float()  # accumulated in fp32 across chunks
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        return (
+            None if grad_h is None else grad_h * grad_total.to(grad_h.dtype),
+            None if grad_w is None else (grad_w * grad_total).to(w_dtype),
+            None if grad_b is None else (grad_b * grad_total).to(b_dtype),
+            None,
+            None,
+            None,
+        )
+
+
+def linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: float = 1.0,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """F.cross_entropy(scale * h @ weight.T + bias, targets) without the (N, V) logits.
+
+    h: (N, C), weight: (V, C), targets: (N,). The softmax is in fp32; the matmuls in bf16 under bf16
+    autocast. reduction "mean" or "sum" for training; "none" gives the (N,) losses and has no gradient
+    (evaluation).
+    """
+    dtype = _head_dtype(h, weight)
+    if reduction == "none":
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            raise ValueError("reduction='none' has no gradient in the fused head; use 'mean' or 'sum' to train")
+        w, rows = weight.to(dtype), _chunk_rows(h.shape[0], weight.shape[0])
+        losses = []
+        for start in range(0, h.shape[0], rows):
+            logits = _chunk_logits(h[start : start + rows].to(dtype), w, bias, scale)  # (n, V) fp32
+            losses.append(F.cross_entropy(logits, targets[start : start + rows], reduction="none"))
+        return torch.cat(losses)  # (N,)
+    total = _LinearCrossEntropy.apply(h, weight, bias, targets, scale, dtype)
+    if reduction == "sum":
+        return total
+    if reduction == "mean":
+        return total / h.shape[0]
+    raise ValueError(f"reduction={reduction!r} is not one of mean, sum, none")
+
+
+class _Fork(torch.autograd.Function):
+    """w -> (w as the input side uses it, w as the output side uses it).
+
+    Backward gives w the sum of the two sides' gradients, as autograd would for two uses of one
+    tensor, and hands each side's gradient to a sink: a leaf that exists only to receive it. The
+    split then comes out of the same backward pass, with no hook, so a compiled graph holds it.
+    """
+
+    @staticmethod
+    def forward(ctx, w, sink_in, sink_out):
+        return w.view_as(w), w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, g_in, g_out):
+        if g_in is None or g_out is None:  # one side unused (a lookup alone, or logits alone)
+            return (g_out if g_in is None else g_in), g_in, g_out
+        return g_in + g_out, g_in, g_out
+
+
 ZERO_INIT = ("lm_bias", "lm_u")  # token parameters that start at zero (see Embeddings)
 
 
@@ -113,11 +239,11 @@ class Embeddings(nn.Module):
       hybrid               wte (V, C) shared, lm_u (V, r) and lm_v (r, C) output: W_out = wte + lm_u @ lm_v
     `roles` maps each parameter name to "input", "output" or "shared".
 
-    Each use of a shared matrix goes through its own view. When `record_grads` is on, a hook on
-    each view keeps its gradient, so the one backward pass that trains the model also yields the
-    input-path and output-path gradients separately in `grads` ("in", "out"); they sum to wte.grad.
-    The views are always there (they cost nothing), so the autograd graph and hence every number
-    is the same with the diagnostics on or off.
+    A shared matrix reaches its two sides through `_Fork`, whose backward also leaves each side's
+    gradient in a sink, so the one backward pass that trains the model yields the input-path and
+    output-path gradients separately (`split_grads`); they sum to wte.grad. The fork is always
+    there, so the autograd graph, hence every number and every compiled graph, is the same with
+    the diagnostics on or off.
 
     The matrices are drawn from `generator` (the global RNG when None) in the order declared, wte
     first, so for one generator seed untied, untied_init, tied, tied_bias and hybrid all start from
@@ -131,8 +257,6 @@ class Embeddings(nn.Module):
         self.init_std = token_init_std(config)
         self.input_scale = 1.0
         self.logit_scale = 1.0
-        self.record_grads = False
-        self.grads: dict[str, torch.Tensor] = {}
         if self.mode in ("untied", "untied_init"):
             self.wte = _empty(V, C)
             self.lm_head = _empty(V, C)
@@ -161,6 +285,34 @@ class Embeddings(nn.Module):
             self.lm_v = _empty(config.rank, C)
             self.roles = {"wte": "shared", "lm_u": "output", "lm_v": "output"}
         self.reset_parameters(generator)
+        self._make_sinks()
+
+    def _make_sinks(self) -> None:
+        """Two leaves shaped like wte that receive the input- and output-path gradients (shared modes).
+
+        Expanded zeros: no memory of their own, only their .grad. Not parameters: no optimizer,
+        state_dict or gradient norm sees them. Remade after .to() (see _apply), which would
+        otherwise turn a leaf into a copy with a history.
+        """
+        self.sinks: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.shared:
+            zero = torch.zeros((), dtype=self.wte.dtype, device=self.wte.device)
+            self.sinks = tuple(zero.expand(self.wte.shape).requires_grad_() for _ in range(2))  # type: ignore[assignment]
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self._make_sinks()
+        return self
+
+    def split_grads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(G_in, G_out) of a shared wte, summed over the backward passes since clear_split_grads; else None."""
+        if self.sinks is None or self.sinks[0].grad is None or self.sinks[1].grad is None:
+            return None
+        return self.sinks[0].grad, self.sinks[1].grad
+
+    def clear_split_grads(self) -> None:
+        for sink in self.sinks or ():
+            sink.grad = None
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -185,51 +337,58 @@ class Embeddings(nn.Module):
         """Whether the effective input and output matrices are one tensor (scales and bias aside)."""
         return self.mode in ("tied", "tied_bias", "scaled")
 
-    def _wte(self, side: str) -> torch.Tensor:
-        """wte as used on one side ("in" or "out"): a view of it, hooked while gradients are recorded."""
-        if not self.shared:
-            return self.wte
-        view = self.wte.view_as(self.wte)
-        if not (self.record_grads and view.requires_grad):
-            return view
+    def _sides(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """wte as the input side and as the output side use it: through the fork when shared."""
+        if self.sinks is None:
+            return self.wte, self.wte
+        return _Fork.apply(self.wte, *self.sinks)
 
-        def keep(grad: torch.Tensor) -> None:
-            # Summed over the micro-batches of one optimizer step, like wte.grad itself.
-            self.grads[side] = self.grads[side] + grad if side in self.grads else grad
+    def _input_matrix(self, w_in: torch.Tensor) -> torch.Tensor:
+        return torch.cat([w_in, self.wte_own], dim=1) if self.mode == "partial" else w_in
 
-        view.register_hook(keep)
-        return view
-
-    def input_matrix(self) -> torch.Tensor:
-        """The effective (V, C) input embedding, scale excluded."""
-        if self.mode == "partial":
-            return torch.cat([self._wte("in"), self.wte_own], dim=1)
-        return self._wte("in")
-
-    def output_matrix(self) -> torch.Tensor:
-        """The effective (V, C) output matrix: logits = h @ output_matrix().T (scale, bias excluded)."""
+    def _output_matrix(self, w_out: torch.Tensor) -> torch.Tensor:
         if self.mode in ("untied", "untied_init"):
             return self.lm_head
         if self.mode == "partial":
-            return torch.cat([self._wte("out"), self.lm_head_own], dim=1)
+            return torch.cat([w_out, self.lm_head_own], dim=1)
         if self.mode == "hybrid":
-            return self._wte("out") + self.lm_u @ self.lm_v
-        return self._wte("out")
+            return w_out + self.lm_u @ self.lm_v
+        return w_out
+
+    def input_matrix(self) -> torch.Tensor:
+        """The effective (V, C) input embedding, scale excluded."""
+        return self._input_matrix(self.wte)
+
+    def output_matrix(self) -> torch.Tensor:
+        """The effective (V, C) output matrix: logits = h @ output_matrix().T (scale, bias excluded)."""
+        return self._output_matrix(self.wte)
+
+    def forward(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The input embeddings (B, T, C) of idx and the head: the (V, C) output matrix and the bias.
+
+        One call, so that a shared wte goes through one fork, whose sinks then hold both sides.
+        """
+        w_in, w_out = self._sides()
+        if self.mode == "partial":  # look up both column blocks: no (V, C) concatenation for the input
+            x = torch.cat([F.embedding(idx, w_in), F.embedding(idx, self.wte_own)], dim=-1)  # (B, T, C)
+        else:
+            x = F.embedding(idx, w_in)  # (B, T, C)
+        x = x * self.input_scale if self.input_scale != 1.0 else x
+        return x, self._output_matrix(w_out), self.lm_bias if self.mode == "tied_bias" else None
 
     def encode(self, idx: torch.Tensor) -> torch.Tensor:
-        if self.mode == "partial":  # look up both column blocks: no (V, C) concatenation per step
-            x = torch.cat([F.embedding(idx, self._wte("in")), F.embedding(idx, self.wte_own)], dim=-1)  # (B, T, C)
-        else:
-            x = F.embedding(idx, self.input_matrix())  # (B, T, C)
-        return x * self.input_scale if self.input_scale != 1.0 else x
+        """The input embeddings (B, T, C) alone."""
+        return self(idx)[0]
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.output_matrix())  # (B, T, V)
+        """Full logits (B, T, V) of final hidden states x, for sampling and inspection; training uses the fused head."""
+        return self.logits(x, self.output_matrix(), self.lm_bias if self.mode == "tied_bias" else None)
+
+    def logits(self, x: torch.Tensor, w_out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        logits = F.linear(x, w_out)  # (B, T, V)
         if self.logit_scale != 1.0:
             logits = logits * self.logit_scale
-        if self.mode == "tied_bias":
-            logits = logits + self.lm_bias
-        return logits
+        return logits if bias is None else logits + bias
 
 
 class CausalSelfAttention(nn.Module):
@@ -312,15 +471,18 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.emb.encode(idx) + self.wpe(pos))  # (B, T, C)
+        tok, w_out, bias = self.emb(idx)  # (B, T, C), (V, C), (V,) or None
+        x = self.drop(tok + self.wpe(pos))  # (B, T, C)
         for block in self.h:
             x = block(x)
-        logits = self.emb.decode(self.ln_f(x))  # (B, T, V)
+        x = self.ln_f(x)
         if targets is None:
-            return logits
-        # The loss in fp32 even under bf16 autocast: a softmax over V terms needs the precision.
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction)
-        return loss if reduction == "mean" else loss.view(B, T)
+            return self.emb.logits(x, w_out, bias)  # (B, T, V)
+        # The fused head: never the (B*T, V) logits; its softmax in fp32 even under bf16 autocast.
+        loss = linear_cross_entropy(
+            x.flatten(0, 1), w_out, targets.flatten(), bias, self.emb.logit_scale, reduction=reduction
+        )
+        return loss if reduction != "none" else loss.view(B, T)
 
     def param_counts(self) -> dict[str, int]:
         """Parameters split into input embedding, output matrix, shared, positional, non-embedding, total.

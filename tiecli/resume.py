@@ -13,7 +13,7 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from tiecli import config, rundir
+from tiecli import config, distributed, rundir
 from tiecli.errors import ConfigError, TiecliError
 
 EXTENDABLE = (
@@ -58,11 +58,13 @@ def resume_config(stored: DictConfig, choices: dict[str, str], overrides: list[s
 
 
 def plan(
-    runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None
+    runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None, world_size: int = 1
 ) -> tuple[Path | None, DictConfig, dict]:
     """The run to resume, the config it continues with and the files to rewrite (config.yaml).
 
     The path is None when there is nothing to do: a completed run the overrides do not extend.
+    world_size: the processes that would train it, which must be those that did (summary.json says;
+    the checkpoint, checked again when it is loaded, has each rank's data and RNG streams).
     """
     if name is None:  # the run the same overrides would have named
         cfg, choices = config.compose(overrides, config_dir)
@@ -71,8 +73,10 @@ def plan(
     if not rundir.is_run_dir(path):
         raise TiecliError(f"there is no run {name!r} in {str(runs_dir)!r} to resume; leave out --resume to start it")
     reader = rundir.RunReader(path)
-    cfg = resume_config(OmegaConf.create(reader.config()), reader.overrides()["choices"], overrides)
+    choices = reader.overrides()["choices"]
+    cfg = resume_config(config.upgraded(reader.config(), choices), choices, overrides)
     summary = reader.summary()
+    distributed.refuse_world_size(name, summary.world_size, world_size)
     if summary.status == "completed" and config.to_config(cfg).max_steps <= summary.step:
         print(
             f"run {name} is already complete (step {summary.step}); extend it with e.g. train.max_steps={2 * summary.step}"

@@ -8,6 +8,8 @@ runs/<name>/
   summary.json     status (running/completed/failed/interrupted), parameter counts, final metrics, versions
   eval.json        full-split evaluations by split, from `tiecli train` and `tiecli eval`
   geometry.json    geometry of the token matrices, one entry per measured step
+  trackers.json    with logger=[wandb]: the W&B run id, so a resumed run continues the same W&B run
+  tb/, wandb/      with logger=[...]: what TensorBoard and W&B write (see tiecli/trackers.py)
   checkpoints/     last.pt (model, optimizer, RNG and data position), init.pt (token matrices at
                    step 0), emb/step_N.pt (token matrices at each geometry step)
   .lock            held (flock) by the one process writing the run; the OS releases it when that process dies
@@ -44,7 +46,7 @@ CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = (
     "summary.json",
     "eval.json",
 )
-GEOMETRY, LOCK = "geometry.json", ".lock"
+GEOMETRY, LOCK, TRACKERS = "geometry.json", ".lock", "trackers.json"
 CHECKPOINT = Path("checkpoints") / "last.pt"
 INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
 SNAPSHOTS = Path("checkpoints") / "emb"
@@ -85,6 +87,8 @@ class Summary:
     best_val_loss: float | None = None
     best_val_step: int | None = None
     final_val: dict | None = None
+    world_size: int = 1  # processes training together (DDP under torchrun)
+    batch: dict | None = None  # the global batch: global = micro_batch x grad_accum x world_size sequences, and tokens
     format: int = FORMAT
 
 
@@ -506,6 +510,16 @@ class RunReader:
             parse_record(GeometryEntry, e, self._what(GEOMETRY, "a list of geometry entries")) for e in obj["entries"]
         ]
 
+    def trackers(self) -> dict:
+        """trackers.json: what the run keeps about its trackers (the W&B run id); {} without one."""
+        if not (self.path / TRACKERS).is_file():
+            return {}
+        obj = read_json(self.path / TRACKERS, f"run {self.name}")
+        check_format(obj, f"run {self.name}: {TRACKERS}")
+        if not isinstance(obj, dict):
+            raise FormatError(self._what(TRACKERS, "a record of trackers"))
+        return obj
+
     def final_val(self) -> dict | None:
         """The full validation split's metrics: eval.json's val, else summary.json's final_val."""
         val = self.evals().get("val")
@@ -525,7 +539,14 @@ class RunReader:
 
     def check_corpus(self, key: str) -> None:
         """Refuse to resume or evaluate a run on data other than what it was trained on."""
-        trained = self.summary().corpus.get("key")
+        corpus = self.summary().corpus
+        trained = corpus.get("key")
+        if trained is not None and trained != key and "key_scheme" not in corpus:
+            raise TiecliError(
+                f"{self.name!r} was trained by a tiecli older than 0.2, whose corpus keys hashed the split texts; "
+                f"this one hashes the input files and cannot check that the data is the same (corpus key {trained}, "
+                f"now {key}): evaluate or resume it with the tiecli that trained it (versions in summary.json)"
+            )
         if trained is not None and trained != key:
             raise TiecliError(
                 f"the data or tokenizer changed since {self.name!r} was trained "
@@ -541,25 +562,46 @@ class RunWriter:
 
     `create` builds a new run in a temporary folder and renames it into place; `open` takes an
     existing one (resume, eval, geometry --write). Trackers and DDP's rank-0 rule plug in here.
+
+    The trackers config.yaml's `logger` names (TensorBoard, W&B) get each metrics row, evaluation,
+    geometry entry and final summary right after it is written, starting on the first of them.
+    Both trackers only append, so they get only steps from `track_from` on: the run's step when
+    opened, the step after the checkpoint when a resume rolls back (TensorBoard then hides what it
+    had past that point), so an earlier step re-measured later (`geometry --write --step 0`) stays
+    out of them.
     """
 
-    def __init__(self, path: Path, lock: Lock):
+    def __init__(self, path: Path, lock: Lock, track_from: int = 0):
         self.path, self.lock = Path(path), lock
         self.reader = RunReader(self.path)
+        self.track_from, self.purge_step = track_from, typing.cast(int | None, None)
+        self.tracking: typing.Any = None  # trackers.Trackers, once started
 
     @classmethod
     def open(cls, path: Path) -> "RunWriter":
         path = Path(path)
         if not is_run_dir(path):
             raise TiecliError(f"{str(path)!r} is not a run directory (it has no {SUMMARY} or {CONFIG})")
+        from tiecli import trackers  # no tracker package is imported until one is used
+
         lock = Lock(path / LOCK, f"run {path.name}").acquire()
+        try:
+            trackers.check_installed(RunReader(path).config().get("logger"))
+            step = RunReader(path).summary().step if (path / SUMMARY).is_file() else 0
+        except BaseException:
+            lock.release()
+            raise
         remove_temporaries(path)
-        return cls(path, lock)
+        return cls(path, lock, track_from=step)
 
     @classmethod
     def create(cls, path: Path, files: dict[str, str], summary: Summary, init: bytes) -> "RunWriter":
         """A new run directory holding `files` (config, overrides), its first summary and init checkpoint."""
+        from tiecli import trackers
+
         path = Path(path)
+        if CONFIG in files:  # before anything is written: a tracker's missing package is one line
+            trackers.check_installed((yaml.safe_load(files[CONFIG]) or {}).get("logger"))
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a creation killed midway; its lock is gone
             if stale.is_dir() and not is_locked(stale / LOCK):
@@ -583,7 +625,24 @@ class RunWriter:
         return cls(path, lock)
 
     def close(self) -> None:
-        self.lock.release()
+        try:
+            if self.tracking is not None:
+                self.tracking.close()
+        finally:
+            self.tracking = None
+            self.lock.release()
+
+    def _trackers(self, step: int):
+        """The run's trackers, started on first use, when `step` may still go to them; else None."""
+        if step < self.track_from:
+            return None
+        if self.tracking is None:
+            from tiecli import trackers
+
+            self.tracking = trackers.Trackers(self.path, self.reader.config(), self.reader.trackers(), self.purge_step)
+            if self.tracking.records():
+                write_json(self.path / TRACKERS, {"format": FORMAT, **self.tracking.records()})
+        return self.tracking
 
     def __enter__(self) -> "RunWriter":
         return self
@@ -593,6 +652,8 @@ class RunWriter:
 
     def summary(self, summary: Summary) -> None:
         write_json(self.path / SUMMARY, asdict(summary))
+        if summary.status != "running" and (trackers := self._trackers(summary.step)):
+            trackers.summary(asdict(summary))
 
     def rewrite(self, files: dict[str, str]) -> None:
         """Replace text files of the run by name: config.yaml, when --resume extends the run."""
@@ -603,17 +664,23 @@ class RunWriter:
         """One line per call, flushed: a reader (a sweep's live table) sees whole lines as they come."""
         with open(self.path / METRICS, "a", encoding="utf-8") as f:
             f.write(json.dumps(row.to_dict()) + "\n")
+        if trackers := self._trackers(row.step):
+            trackers.row(row.to_dict())
 
     def geometry(self, entry: GeometryEntry) -> None:
         """Add an entry, replacing one for the same step."""
         entries = [e for e in self.reader.geometry() if e.step != entry.step]
         entries = sorted([*entries, entry], key=lambda e: e.step)
         write_json(self.path / GEOMETRY, {"format": FORMAT, "entries": [e.to_dict() for e in entries]})
+        if trackers := self._trackers(entry.step):
+            trackers.geometry(entry.to_dict())
 
     def eval(self, result: EvalResult) -> None:
         """Add a whole-split evaluation to eval.json, under its split, keeping the other splits'."""
         splits = {s: asdict(e) for s, e in self.reader.evals().items()} | {result.split: asdict(result)}
         write_json(self.path / EVAL, {"format": FORMAT, "splits": splits})
+        if trackers := self._trackers(result.step):
+            trackers.eval(asdict(result))
 
     def save(self, relative: Path, data: bytes) -> None:
         """A checkpoint file (serialised by the caller) at a path inside the run."""
@@ -625,6 +692,7 @@ class RunWriter:
 
     def truncate_after(self, last_step: int) -> None:
         """Forget what the run recorded after last_step (-1: everything): a resume is about to redo it."""
+        self.track_from = self.purge_step = last_step + 1  # the trackers get the redone steps, and hide the old ones
         rows = [r for r in self.reader.metrics() if r.step <= last_step]
         header = json.dumps({"format": FORMAT}) + "\n"
         atomic_write(self.path / METRICS, header + "".join(json.dumps(r.to_dict()) + "\n" for r in rows))

@@ -1,11 +1,28 @@
-# Used by `tiecli train` and `tiecli eval`: where the model runs and in which precision.
-"""Device and precision choices, resolved once per command."""
+# Used by `tiecli train` and `tiecli eval`: where the model runs, in which precision, compiled or not.
+"""Device, precision and compilation choices, resolved once per command.
+
+The `auto` choices follow measurements, listed in README's Performance section and repeatable with
+benchmarks/throughput.py:
+  dtype    bf16 autocast on CUDA (where supported) and on CPUs with native bf16 instructions
+           (AVX512-BF16 or AMX), where bf16 matmuls run at about twice the fp32 rate; fp32 elsewhere.
+  compile  on CUDA always; on CPU when the run has at least COMPILE_MIN_STEPS_CPU steps, the
+           point where the compiled step's saving repays the cold compile; never on MPS.
+"""
 
 import contextlib
+import os
 
 import torch
 
+from tiecli.data import cache_dir
 from tiecli.errors import TiecliError
+
+# Compiling repays itself after (compile time) / (time saved a step). On the 2-core CPU of
+# README's Performance section, the default model's step compiled (blocks only) with bf16 was
+# about 6% faster than eager, ~10 ms of ~170 ms, against 20-30 s of compiling: ~2500 steps. A
+# later measurement on the same machine under heavy load saw no gain at all, so this is the
+# optimistic end; `benchmarks/throughput.py --defaults` measures it again on any machine.
+COMPILE_MIN_STEPS_CPU = 2500
 
 
 def pick_device(name: str) -> torch.device:
@@ -22,11 +39,39 @@ def pick_device(name: str) -> torch.device:
     return torch.device("cpu")
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 matmul instructions (oneDNN then runs bf16 at about twice fp32)."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def pick_dtype(name: str, device: torch.device) -> str:
-    """auto: bf16 autocast where the hardware has fast bf16 (CUDA), fp32 elsewhere."""
+    """auto: bf16 autocast where the hardware has fast bf16 (CUDA, CPUs with bf16 instructions), fp32 elsewhere."""
     if name != "auto":
         return name
-    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_bf16() else "fp32"
+
+
+def pick_compile(name: str, device: torch.device, max_steps: int) -> bool:
+    """compile: true / false as given; auto: CUDA yes, MPS no, CPU for runs long enough to repay compiling."""
+    if name != "auto":
+        return name == "true"
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and max_steps >= COMPILE_MIN_STEPS_CPU
+
+
+def use_compile_cache() -> None:
+    """Keep inductor's caches (compiled kernels, FX and AOTAutograd graphs) under tiecli's cache dir,
+    so a second run of the same model starts from them; TORCHINDUCTOR_CACHE_DIR, when set, wins."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir() / "inductor"))
+
+
+def compile_step(model: torch.nn.Module):
+    """model(x, y) -> loss compiled as one graph (forward, fused head, loss; AOTAutograd the backward)."""
+    use_compile_cache()
+    return torch.compile(model, fullgraph=True, dynamic=False)
 
 
 def autocast_for(device: torch.device, dtype: str):

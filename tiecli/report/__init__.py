@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tiecli import rundir
 from tiecli.errors import TiecliError
-from tiecli.report import claims, load, render, results, stats, tables
-from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIX, SIZE_KEYS, Baseline, Group, group_runs, select
+from tiecli.report import claims, load, reference, render, results, stats, tables
+from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select
 from tiecli.report.listing import runs_table
 
 __all__ = ["Options", "report", "runs_table"]
@@ -100,7 +100,8 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
     claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select)
     added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
-    specs = render.build_tables(groups, comparisons, equal, claim_rows, skipped, baseline, added)
+    references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
+    specs = render.build_tables(groups, comparisons, equal, claim_rows, skipped, baseline, added, references)
     for spec in specs:
         console.print(render.rich_table(spec))
 
@@ -159,7 +160,9 @@ def write(out: Path, files: dict[str, str | bytes], results_json: dict) -> None:
 
 def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> dict[str, str]:
     """Every rule the numbers follow, printed at the top of report.md and report.html and kept in results.json."""
-    ignored_keys = ", ".join([*IGNORED_KEYS, IGNORED_PREFIX + "*", "train.max_steps when train.max_tokens is set"])
+    ignored_keys = ", ".join(
+        [*IGNORED_KEYS, *(p + "*" for p in IGNORED_PREFIXES), "train.max_steps when train.max_tokens is set"]
+    )
     margin = claims.margins(sesoi)
     target = (
         f"--target-loss {options.target_loss:g} for every pair"

@@ -19,8 +19,11 @@ IGNORED_KEYS = (
     "train.checkpoint_interval",
     "eval.buckets",
     "eval.test",
+    "train.sample_tokens",  # a text sample printed after training
+    "data.num_proc",  # tokenizer processes: the same tokens whatever their number
 )
-IGNORED_PREFIX = "diag."  # gradient statistics and geometry never touch training's RNG or weights
+# gradient statistics and geometry never touch training's RNG or weights; trackers only mirror the files
+IGNORED_PREFIXES = ("diag.", "logger.")
 SIZE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd")  # what model/*.yaml set: the size ladder
 BUDGET_KEYS = ("train.max_steps", "train.max_tokens")  # the data axis of R5
 
@@ -51,7 +54,7 @@ class Group:
 def ignored(key: str, setting: dict) -> bool:
     # With a token budget, train.max_steps is never read: steps = ceil(max_tokens / tokens per step).
     unused_steps = key == "train.max_steps" and setting.get("train.max_tokens") is not None
-    return key in IGNORED_KEYS or key.startswith(IGNORED_PREFIX) or unused_steps
+    return key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES) or unused_steps
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[Skipped]]:

@@ -76,6 +76,15 @@ class Run:
     # the last geometry entry's related-form pairs: its `pairs` (source, found, skipped_lines) and "used",
     # the pairs whose tokens occur (forms_n_pairs); None without geometry
     pairs: dict | None = None
+    # summary.json's corpus: its key, train_tokens, vocab_size and (since tiecli 0.1) the count-model
+    # baselines of the validation split (tiecli/baselines.py)
+    corpus: dict | None = None
+
+    @property
+    def epochs(self) -> float | None:
+        """Passes over the training split: tokens trained on / tokens in the split."""
+        train_tokens = (self.corpus or {}).get("train_tokens")
+        return self.tokens / train_tokens if train_tokens else None
 
 
 # --- which folders are runs -------------------------------------------------------------------------
@@ -152,6 +161,7 @@ def load_run(path: Path) -> Run:
             tied_geometry=bool(entries) and entries[-1].tied,
             diag=diagnostics(metrics, entries),
             pairs={**entries[-1].pairs, "used": entries[-1].input.get("forms_n_pairs")} if entries else None,
+            corpus=summary.corpus,
         )
     except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None

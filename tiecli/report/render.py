@@ -6,6 +6,7 @@ column, so that no column is dropped and no header cut; the files keep every col
 
 import base64
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Console, ConsoleOptions, JustifyMethod
@@ -16,6 +17,7 @@ from tiecli.display import num as _num
 from tiecli.report.claims import VERDICT_RULE, Claim
 from tiecli.report.groups import Group
 from tiecli.report.load import Run, Skipped
+from tiecli.report.reference import Reference
 from tiecli.report.stats import Comparison, EqualParams, Interval, ci_text, embedding_share
 
 # Two diagnostics tables, so that each fits a terminal: training dynamics, then end-of-training geometry.
@@ -66,9 +68,11 @@ def build_tables(
     skipped: list[Skipped],
     baseline: str,
     added: list[TableSpec],
+    references: Sequence[Reference] = (),
 ) -> list[TableSpec]:
     """equal: {label: EqualParams} for every non-baseline group; the other groups are baselines.
-    added: the tables behind the claims' rules (report.tables), placed before the claims table."""
+    added: the tables behind the claims' rules (report.tables), placed before the claims table.
+    references: pretrained models, added as rows to the geometry table (report.reference)."""
     by_group = {c.group.label: c for c in comparisons}
     versus = f"vs {baseline}, paired by seed"
 
@@ -79,8 +83,9 @@ def build_tables(
     tables = [
         parameter_table(groups, by_group),
         validation_table(groups, delta, versus),
+        *context_tables(groups),
         equal_table(groups, equal, versus),
-        *diagnostics_tables(groups),
+        *diagnostics_tables(groups, references),
         *pairs_warnings(groups),
         *added,
     ]
@@ -167,6 +172,64 @@ def validation_table(groups: list[Group], delta, versus: str) -> TableSpec:
     )
 
 
+def corpus_label(run: Run) -> str:
+    vocab = (run.corpus or {}).get("vocab_size")
+    return f"{run.choices.get('data', '?')} / {run.choices.get('tokenizer', '?')}" + (f" {vocab:,}" if vocab else "")
+
+
+def context_tables(groups: list[Group]) -> list[TableSpec]:
+    """How far past count models the runs got: each corpus's unigram and bigram scores on the
+    validation split (tiecli/baselines.py, from summary.json), then each group's epochs and perplexity
+    against them."""
+    corpora: dict[str, dict | None] = {}
+    for g in groups:
+        for r in g.runs:
+            corpora.setdefault(corpus_label(r), (r.corpus or {}).get("baselines"))
+
+    def scores(b: dict | None) -> list[str]:
+        if not b:
+            return ["n/a: run predates baselines"] + ["-"] * 4
+        uni, bi = b["unigram"], b["bigram"]
+        return [
+            _num(uni["perplexity"], ".4g"),
+            f"{uni['bits_per_byte']:.3f}",
+            _num(bi["perplexity"], ".4g"),
+            f"{bi['bits_per_byte']:.3f}",
+            f"{bi['k']:g}",
+        ]
+
+    def against(g: Group, key: str) -> str:
+        base = g.stats.get(key)
+        return f"{g.stats['perplexity'].mean / base.mean:.2f}x" if base and g.stats["perplexity"] else "n/a"
+
+    return [
+        TableSpec(
+            "Context: count-model baselines of the validation split",
+            "unigram: add-one counts of the training split; bigram: add-k pair counts, k tuned on the validation split "
+            "itself (which can only flatter it); scored on the same tokens as the runs",
+            ["data / tokenizer", "unigram ppl", "unigram bits/byte", "bigram ppl", "bigram bits/byte", "bigram k"],
+            [[label, *scores(b)] for label, b in corpora.items()],
+        ),
+        TableSpec(
+            "Context: training reached per group",
+            "epochs: training tokens seen / tokens in the training split; ppl vs unigram, bigram: the group's mean "
+            "validation perplexity divided by the count model's (below 1.00x: better than that model)",
+            ["group", "data / tokenizer", "epochs", "val perplexity", "ppl vs unigram", "ppl vs bigram"],
+            [
+                [
+                    g.label,
+                    corpus_label(g.runs[0]),
+                    _stat(g.stats.get("epochs"), spec=".3g"),
+                    _stat(g.stats["perplexity"]),
+                    against(g, "unigram_perplexity"),
+                    against(g, "bigram_perplexity"),
+                ]
+                for g in groups
+            ],
+        ),
+    ]
+
+
 def equal_table(groups: list[Group], equal: dict[str, EqualParams], versus: str) -> TableSpec:
     def row(g):
         eq = equal[g.label]
@@ -194,8 +257,9 @@ def equal_table(groups: list[Group], equal: dict[str, EqualParams], versus: str)
     )
 
 
-def diagnostics_tables(groups: list[Group]) -> list[TableSpec]:
-    """The two diagnostics tables, each only when some group has its data."""
+def diagnostics_tables(groups: list[Group], references: Sequence[Reference] = ()) -> list[TableSpec]:
+    """The two diagnostics tables, each only when some group has its data; the geometry table ends with
+    the reference rows of pretrained models."""
     diagnostics = (
         (
             "Training dynamics at equal architecture (claim R4; drift: descriptive)",
@@ -209,15 +273,27 @@ def diagnostics_tables(groups: list[Group]) -> list[TableSpec]:
             "forms contrast = related-form pair cosine - random-pair cosine; CKA and row cosine compare the input and output matrices (untied only)",
         ),
     )
+    ref_note = (
+        "; reference rows: one pretrained model each, every ordinary token counted once (tiecli geometry --model; "
+        + ", ".join(r.path for r in references)
+        + ")"
+        if references
+        else ""
+    )
     return [
         TableSpec(
             title,
-            f"mean over seeds (intervals in results.json); in = input embedding, out = output matrix (the same matrix when tied); {note}",
+            f"mean over seeds (intervals in results.json); in = input embedding, out = output matrix (the same matrix when tied); {note}"
+            + (ref_note if columns is GEOMETRY_COLUMNS else ""),
             ["group", *(name for _, name in columns)],
-            [[g.label, *(_stat(g.stats[key], spec=".3g") for key, _ in columns)] for g in groups],
+            [[g.label, *(_stat(g.stats[key], spec=".3g") for key, _ in columns)] for g in groups]
+            + [
+                [r.label, *(_num(r.values.get(key), ".3g") for key, _ in columns)]
+                for r in (references if columns is GEOMETRY_COLUMNS else ())
+            ],
         )
         for title, columns, note in diagnostics
-        if any(g.stats[key] for g in groups for key, _ in columns)
+        if any(g.stats[key] for g in groups for key, _ in columns) or (references and columns is GEOMETRY_COLUMNS)
     ]
 
 

@@ -134,8 +134,10 @@ def gap(run: Run) -> float | None:
 
 
 def run_values(run: Run) -> dict[str, float | None]:
-    """The per-run numbers beyond METRICS and the diagnostics: test split, generalisation gap, FLOPs."""
+    """The per-run numbers beyond METRICS and the diagnostics: test split, generalisation gap, FLOPs,
+    epochs, and the validation split's count-model perplexities (its corpus's, the same for every run on it)."""
     test = run.test or {}
+    counts = (run.corpus or {}).get("baselines") or {}
     return {
         "test_loss": test.get("loss"),
         "test_perplexity": test.get("perplexity"),
@@ -143,6 +145,9 @@ def run_values(run: Run) -> dict[str, float | None]:
         "train_loss": run.gap[1] if run.gap else None,
         "gap": gap(run),
         "flops": run.flops,
+        "epochs": run.epochs,
+        "unigram_perplexity": counts.get("unigram", {}).get("perplexity"),
+        "bigram_perplexity": counts.get("bigram", {}).get("perplexity"),
     }
 
 

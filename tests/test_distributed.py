@@ -1,0 +1,188 @@
+"""Data-parallel training (tiecli/distributed.py): 2 processes over gloo against one process.
+
+The ranks are started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), one
+subprocess each, so a test can signal or kill one rank; the resume goes through the real torchrun
+(`tiecli train --nproc 2`). A 2-process run costs 20-30 s here, so the assertions are combined.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tiecli import distributed
+from tiecli.cli import app
+from tiecli.config import TrainConfig
+
+RUN = [
+    "data=textfile",  # data.path: conftest's tiny.txt, by its absolute path (rank 1 runs in another folder)
+    "model=nano",
+    "model.block_size=32",
+    "tokenizer=bytes",
+    "train.batch_size=4",
+    "train.grad_accum=2",  # a global batch of 8 sequences: 4 per rank in one micro-batch under 2 ranks
+    "train.warmup_steps=2",
+    "train.eval_interval=6",
+    "train.eval_batches=2",
+    "train.log_interval=3",
+    "train.checkpoint_interval=6",
+    "diag.every=3",
+    "eval.test=false",
+    "compile=false",  # compile=auto would compile the 5000-step run on CPU but not its shorter reference
+]
+WAIT_S = 240  # for a step, a stop or an exit; the machine running the tests may be busy
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(args: list[str], cwds: list[Path], tmp_path: Path) -> list[tuple[subprocess.Popen, Path]]:
+    """`tiecli train ARGS` as torchrun would start it on len(cwds) ranks; each rank's stderr goes to a file."""
+    port, world = free_port(), len(cwds)
+    procs = []
+    for rank, cwd in enumerate(cwds):
+        cwd.mkdir(exist_ok=True)
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+        log = tmp_path / f"rank{rank}.err"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tiecli", "train", *args, "--runs-dir", str(tmp_path / "runs")],
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        procs.append((proc, log))
+    return procs
+
+
+def wait_for_step(run: Path, step: int, procs) -> None:
+    """Until metrics.jsonl has a row at `step` (training is under way on every rank)."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        metrics = run / "metrics.jsonl"
+        if metrics.is_file() and any(json.loads(line).get("step") == step for line in metrics.read_text().splitlines()):
+            return
+        assert all(p.poll() is None for p, _ in procs), [log.read_text()[-2000:] for _, log in procs]
+        time.sleep(0.2)
+    pytest.fail(f"no step {step} in {run} after {WAIT_S} s")
+
+
+def rows(run: Path) -> dict[int, dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()[1:]  # the first holds the format
+    return {row["step"]: row for row in map(json.loads, lines)}
+
+
+@pytest.mark.slow
+def test_two_ranks_train_as_one_stop_together_and_resume_exactly(tmp_path):
+    """2 ranks against one process on the same global batch: the same losses and gradient statistics
+    at every logged step, only rank 0 writing; SIGUSR2 to rank 1 stops both after the same step with
+    one checkpoint; resuming with 1 process is refused naming both sizes; resuming under torchrun
+    (`--nproc 2`) continues exactly. A constant learning rate (min_lr = lr) keeps the schedule
+    independent of max_steps, so the reference can be planned to end where the resumed run ends."""
+    args = [*RUN, f"data.path={tmp_path / 'tiny.txt'}", "train.lr=3e-3", "train.min_lr=3e-3"]
+    procs = start_ranks([*args, "train.max_steps=5000", "--name", "two"], [tmp_path, tmp_path / "rank1"], tmp_path)
+    run = tmp_path / "runs" / "two"
+    wait_for_step(run, 9, procs)
+    procs[1][0].send_signal(signal.SIGUSR2)  # SLURM's time-limit warning, to one rank only
+    codes = [p.wait(timeout=WAIT_S) for p, _ in procs]
+    assert codes == [130, 130], [log.read_text()[-2000:] for _, log in procs]
+    summary = json.loads((run / "summary.json").read_text())
+    stopped = summary["step"]
+    assert summary["status"] == "interrupted" and 9 <= stopped < 5000
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert ckpt["state"]["step"] == stopped and len(ckpt["rank_rng"]) == 1  # rank 1's own RNG streams
+    assert list((tmp_path / "rank1").iterdir()) == []  # rank 1 wrote nothing
+    assert procs[1][1].read_text().strip() == ""  # and said nothing: rank 0 speaks for all
+    progress = " ".join(procs[0][1].read_text().split())
+    assert "global batch 8 sequences (256 tokens) a step = micro-batch 4 x 1 micro-steps x 2 processes" in progress
+    assert summary["world_size"] == 2 and summary["batch"]["global"] == 8 and summary["tokens_per_step"] == 256
+
+    refused = CliRunner().invoke(app, ["train", "--resume", str(run)])
+    assert refused.exit_code == 2
+    assert "trained with world size 2 and cannot resume with world size 1" in refused.output
+
+    end = f"train.max_steps={stopped + 9}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the ranks: another thread count sums in another order
+    for command in (["--nproc", "2", "--resume", str(run), end], [*args, end, "--name", "one"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "tiecli", "train", *command, "--runs-dir", str(tmp_path / "runs")],
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+
+    single, double = rows(tmp_path / "runs" / "one"), rows(run)
+    assert single.keys() == double.keys() and max(single) == stopped + 9
+    for step, row in single.items():
+        assert row.keys() - {"tokens_per_s"} == double[step].keys() - {"tokens_per_s"}, step
+        for key in ("loss", "val_loss", "train_eval_loss", "grad_cos", "grad_cos_present", "grad_norm_in"):
+            if key in row:
+                assert double[step][key] == pytest.approx(row[key], rel=1e-6), (step, key)
+    assert sum("grad_cos" in row for row in single.values()) == (stopped + 9) // 3
+    final_one = json.loads((tmp_path / "runs" / "one" / "summary.json").read_text())["final_val"]["loss"]
+    assert json.loads((run / "summary.json").read_text())["final_val"]["loss"] == pytest.approx(final_one, rel=1e-6)
+
+
+def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
+    args = [*RUN, f"data.path={tmp_path / 'tiny.txt'}", "train.max_steps=500"]
+    procs = start_ranks([*args, "--name", "dead"], [tmp_path, tmp_path], tmp_path)
+    run = tmp_path / "runs" / "dead"
+    wait_for_step(run, 9, procs)  # logged after the checkpoint of step 6
+    procs[1][0].kill()
+    start = time.monotonic()
+    assert procs[0][0].wait(timeout=WAIT_S) == 1
+    assert time.monotonic() - start < 60
+    err = procs[0][1].read_text()
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: rank 0 of 2: another rank stopped or cannot be reached")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["step"] >= 9
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["state"]["step"] >= 6
+
+
+def test_world_size_must_divide_the_global_batch(tmp_path):
+    result = CliRunner().invoke(app, ["train", "--nproc", "3", "train.batch_size=4", "model=nano"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: world size 3 does not divide the global batch train.batch_size x train.grad_accum = 4 x 1 = 4 "
+        "sequences; use a number of processes that divides 4, or change train.batch_size / train.grad_accum"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "batch_size, grad_accum, world, shape",
+    [(4, 2, 2, (4, 1)), (16, 1, 2, (8, 1)), (4, 8, 2, (4, 4)), (6, 2, 4, (3, 1)), (8, 3, 3, (8, 1)), (4, 1, 1, (4, 1))],
+)
+def test_rank_shape_splits_the_global_batch_evenly(batch_size, grad_accum, world, shape):
+    t = TrainConfig(
+        **{f: 1 for f in TrainConfig.__dataclass_fields__} | {"batch_size": batch_size, "grad_accum": grad_accum}
+    )
+    micro, steps = distributed.rank_shape(t, world)
+    assert (micro, steps) == shape
+    assert micro * steps * world == batch_size * grad_accum and micro <= batch_size
+
+
+def test_gpu_check_skips_cleanly_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the check itself")
+    script = Path(__file__).parent.parent / "benchmarks" / "gpu_check.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith("gpu_check: skipped, no CUDA device")

@@ -1,0 +1,127 @@
+"""The fused linear + cross-entropy head (tiecli/model.py) against the plain path, and the gradient split it feeds."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tiecli import diagnostics, model
+from tiecli.model import GPT, TYING_MODES, GPTConfig, linear_cross_entropy
+
+V, C, T = 97, 32, 16
+SHARED = ["tied", "tied_bias", "scaled", "partial", "hybrid"]
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """7 rows a chunk: the 48 rows of a batch span 7 chunks, the last one short."""
+    monkeypatch.setattr(model, "HEAD_CHUNK_ELEMENTS", 7 * V)
+
+
+def gpt(mode: str) -> GPT:
+    cfg = GPTConfig(vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=C, tying=mode, rank=4, scale_logits=True)
+    m = GPT(cfg, seed=0)
+    with torch.no_grad():  # away from the init (zero bias, zero U, untied_init's copy), so every part matters
+        for p in m.emb.parameters():
+            p.normal_(0.0, 0.3)
+    return m
+
+
+def batch():
+    idx = torch.randint(0, V // 2, (3, T + 1), generator=torch.Generator().manual_seed(1))
+    idx[:, 1:] = torch.randint(0, V, (3, T), generator=torch.Generator().manual_seed(2))  # every target possible
+    return idx[:, :-1], idx[:, 1:]
+
+
+def grads(m: GPT) -> dict[str, torch.Tensor]:
+    out = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad(set_to_none=True)
+    m.emb.clear_split_grads()
+    return out
+
+
+@pytest.mark.parametrize("mode", TYING_MODES)
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 3e-2)])
+def test_fused_head_gives_the_plain_loss_and_gradients(mode, dtype, tol):
+    """Loss and every parameter's gradient match F.cross_entropy on the full logits, in fp32 to
+    rounding and under bf16 autocast to bf16's precision (both paths then multiply in bf16)."""
+    m, (x, y) = gpt(mode), batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        fused = m(x, y)
+        fused.backward()
+        g_fused = grads(m)
+        plain = F.cross_entropy(m(x).flatten(0, 1).float(), y.flatten())  # logits: the unfused head
+        plain.backward()
+        g_plain = grads(m)
+    assert fused.dtype == torch.float32 and abs(fused.item() - plain.item()) < tol * plain.item()
+    for name, g in g_plain.items():
+        scale = g.abs().max().item()
+        assert scale > 0, name
+        assert (g_fused[name] - g).abs().max().item() <= tol * scale, name
+
+
+def test_reductions_and_scales():
+    torch.manual_seed(0)
+    h, w, b = torch.randn(20, C), torch.randn(V, C), torch.randn(V)
+    y = torch.randint(0, V, (20,))
+    logits = 0.5 * h @ w.t() + b
+    with torch.no_grad():
+        per_row = linear_cross_entropy(h, w, y, b, 0.5, reduction="none")
+    assert torch.allclose(per_row, F.cross_entropy(logits, y, reduction="none"), atol=1e-5)
+    total = linear_cross_entropy(h, w, y, b, 0.5, reduction="sum")
+    assert torch.allclose(total, F.cross_entropy(logits, y, reduction="sum"), rtol=1e-6)
+    with pytest.raises(ValueError, match="reduction='none' has no gradient"):
+        linear_cross_entropy(h, w.requires_grad_(), y, b, 0.5, reduction="none")
+    with pytest.raises(ValueError, match="reduction='max' is not one of mean, sum, none"):
+        linear_cross_entropy(h, w, y, b, 0.5, reduction="max")
+
+
+def test_plain_calls_still_give_logits():
+    m, (x, _) = gpt("hybrid"), batch()
+    logits = m(x)
+    assert logits.shape == (3, T, V)
+    assert torch.allclose(logits, m.emb.decode(m.ln_f(m.h[0](m.emb.encode(x) + m.wpe(torch.arange(T))))), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", SHARED)
+def test_split_sums_exactly_to_the_shared_gradient(mode):
+    """G_in + G_out == wte.grad bit for bit with the fused head on; G_in lives only on input tokens."""
+    m, (x, y) = gpt(mode), batch()
+    m(x, y).backward()
+    g_in, g_out = diagnostics.gradient_paths(m.emb)
+    assert torch.equal(g_in + g_out, m.emb.wte.grad)
+    absent = torch.ones(V, dtype=torch.bool)
+    absent[x.flatten()] = False
+    assert absent.any() and g_in[absent].abs().sum() == 0 and g_in[~absent].abs().sum() > 0
+    assert g_out[absent].abs().sum() > 0  # every row gets an output-path gradient
+    # the output path alone, from the plain head's gradient w.r.t. the output matrix
+    w_out = m.emb.output_matrix().detach().requires_grad_()
+    h = m.ln_f(m.h[0](m.emb.encode(x) + m.wpe(torch.arange(T)))).detach()
+    F.cross_entropy(m.emb.logits(h, w_out, getattr(m.emb, "lm_bias", None)).flatten(0, 1), y.flatten()).backward()
+    k = m.emb.wte.shape[1]  # partial: the shared columns
+    assert torch.allclose(g_out, w_out.grad[:, :k], atol=1e-7, rtol=1e-5)
+
+
+def test_sinks_follow_the_model_and_stay_out_of_its_state():
+    m = gpt("tied").to(torch.float64)
+    assert all(s.dtype == torch.float64 and s.is_leaf and s.requires_grad for s in m.emb.sinks)
+    assert not any(n.startswith("emb.sink") for n in m.state_dict())
+    assert sum(p.numel() for p in m.parameters()) == m.param_counts()["total"]
+    assert gpt("untied").emb.sinks is None and gpt("untied").emb.split_grads() is None
+
+
+@pytest.mark.slow
+def test_compiled_step_matches_eager_with_the_split():
+    """torch.compile of the whole forward (fused head, fork) in one graph: same loss, gradients and split."""
+    m, (x, y) = gpt("partial"), batch()
+    eager_loss = m(x, y)
+    eager_loss.backward()
+    eager_split = [g.clone() for g in diagnostics.gradient_paths(m.emb)]
+    eager = grads(m)
+    compiled = torch.compile(m, fullgraph=True, dynamic=False)
+    loss = compiled(x, y)
+    loss.backward()
+    assert torch.allclose(loss, eager_loss, rtol=1e-5)
+    for a, b in zip(diagnostics.gradient_paths(m.emb), eager_split):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+    for name, g in grads(m).items():
+        assert torch.allclose(g, eager[name], atol=1e-6, rtol=1e-4), name

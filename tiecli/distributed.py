@@ -1,0 +1,331 @@
+# Used by `tiecli train` under torchrun (`torchrun --nproc_per_node N -m tiecli train ...`, or `tiecli train --nproc N`).
+"""Data-parallel training: the process group, which rank does what, and what the ranks agree on.
+
+torchrun starts N copies of `tiecli train` and tells each its RANK, LOCAL_RANK and WORLD_SIZE.
+Each copy trains the same model under DistributedDataParallel (gloo on CPU, NCCL for CUDA tensors),
+one device per local rank. Without torchrun there is no process group, and every helper here is
+the identity: rank 0 of a world of 1.
+
+The global batch is the config's: train.batch_size x train.grad_accum sequences per optimizer step,
+whatever the number of processes. Every rank draws those windows from the same sampler, in the
+same order a single process would, and keeps its own 1/N slice of them (rank_batches): the ranks
+see different data, and a run on N processes trains on exactly the batches of the run on one,
+so both reach the same losses up to floating-point noise.
+
+Rank 0 alone plans the run, writes the run directory and evaluates; the others train in step.
+"""
+
+import contextlib
+import datetime
+import logging
+import os
+import re
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tiecli.config import TrainConfig
+from tiecli.errors import ConfigError, TiecliError
+
+# How long a rank waits in a collective before giving up: long enough for rank 0's final
+# evaluation of a whole split while the others wait; a rank that dies is noticed at once anyway
+# (its sockets close). TIECLI_DIST_TIMEOUT (seconds) changes it.
+TIMEOUT_S = 1800
+SHUTDOWN_S = 300  # how long --nproc's launcher waits for the ranks to checkpoint after a signal
+PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "Timed out")
+
+
+class PeerLost(TiecliError):
+    """A collective failed: another rank died, or stayed away past the timeout."""
+
+
+def launched() -> bool:
+    """Whether torchrun (or another launcher setting its variables) started this process."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def torchrun(nproc: int, args: list[str]) -> int:
+    """Run `tiecli ARGS` on nproc local processes and wait; their exit code (130 after a stop).
+
+    torchrun's own launcher (`torchrun --standalone`), called in this process, which then acts as
+    its agent: Ctrl-C, SIGTERM or a cluster's SIGUSR2 here is handed to every rank, and the ranks
+    stop after the same step; it waits SHUTDOWN_S for their checkpoint before it kills them. Its
+    failure reports are left out: the ranks have said what went wrong. Like torchrun, it shares
+    the CPU threads out among the ranks unless OMP_NUM_THREADS is set.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        signals_to_handle="SIGTERM,SIGINT,SIGUSR2",
+        shutdown_timeout=SHUTDOWN_S,
+    )
+    try:
+        elastic_launch(config, sys.executable)("-m", "tiecli", *args)
+    except SignalException:
+        return 130
+    except ChildFailedError as e:
+        codes = [f.exitcode for _, f in sorted(e.failures.items())]
+        return next((c for c in codes if c > 0), 1)
+    return 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def is_rank0() -> bool:
+    return rank() == 0
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+@contextlib.contextmanager
+def process_group() -> Iterator[None]:
+    """The process group of a torchrun launch, for the duration of a command; nothing without torchrun.
+
+    Tensors on the CPU go through gloo, CUDA tensors through NCCL. A collective that fails (another
+    rank died, or stayed away past the timeout) becomes one line naming this rank, exit code 1.
+    """
+    if not launched() or dist.is_initialized():
+        yield
+        return
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank())
+    timeout = datetime.timedelta(seconds=float(os.environ.get("TIECLI_DIST_TIMEOUT", TIMEOUT_S)))
+    try:
+        dist.init_process_group(backend, timeout=timeout)
+    except (RuntimeError, ValueError) as e:
+        raise TiecliError(f"cannot join the process group ({first_line(e)}); start tiecli with torchrun") from None
+    try:
+        yield
+    except RuntimeError as e:  # gloo reports a lost peer as a plain RuntimeError; NCCL as a DistError
+        if not isinstance(e, dist.DistError) and not any(w in str(e) for w in PEER_ERRORS):
+            raise
+        raise PeerLost(
+            f"rank {rank()} of {world_size()}: another rank stopped or cannot be reached ({first_line(e)}); "
+            "the run's last checkpoint is kept"
+        ) from None
+    finally:
+        dist.destroy_process_group()
+
+
+def first_line(e: BaseException) -> str:
+    """An error's first line without gloo's source location ("[.../pair.cc:537] ")."""
+    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return re.sub(r"^\[[^\]]*\]\s*", "", line)[:200]
+
+
+@contextlib.contextmanager
+def quiet_others() -> Iterator[None]:
+    """On ranks other than 0, an error all ranks share (a bad config, an interrupt) exits with its
+    code but without its line: rank 0 says it once. Errors of the rank itself (a lost peer) still speak."""
+    try:
+        yield
+    except TiecliError as e:
+        if is_rank0() or isinstance(e, PeerLost):
+            raise
+        raise SystemExit(e.exit_code) from None
+
+
+def from_rank0(plan: Callable[[], Any]) -> Any:
+    """plan() on rank 0, its result (or its TiecliError) handed to every rank.
+
+    Planning reads and may tidy the run directory (an unstarted run is removed), so only rank 0 does
+    it; the others would race it, or find the run it has just created.
+    """
+    if world_size() == 1:
+        return plan()
+    box: list[Any] = [None]
+    if is_rank0():
+        try:
+            box[0] = ("ok", plan())
+        except TiecliError as e:
+            box[0] = ("error", e)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def local_first(build: Callable[[], Any]) -> Any:
+    """build() on each machine's local rank 0, then on the other ranks: the first fills the data and
+    tokenizer cache, the others read it, rather than N processes tokenizing the corpus at once.
+    A failure there (a missing file) stops every rank; the rank that failed says why."""
+    if world_size() == 1:
+        return build()
+    first, error, result = local_rank() == 0, None, None
+    if first:
+        try:
+            result = build()
+        except TiecliError as e:
+            error = e
+    if any_rank(error is not None):  # also the barrier: the other ranks wait here for the first ones
+        raise error or TiecliError("the data could not be prepared; the first rank of a machine says why")
+    return result if first else build()
+
+
+def device(picked: torch.device) -> torch.device:
+    """One CUDA device per local rank: `cuda` becomes cuda:LOCAL_RANK under torchrun."""
+    if dist.is_initialized() and picked.type == "cuda" and picked.index is None:
+        return torch.device("cuda", local_rank())
+    return picked
+
+
+def wrap(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
+    """The module the training step calls: the model under DDP in a process group, else the model itself."""
+    if not dist.is_initialized():
+        return model
+    ids = [dev.index] if dev.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def sync_grads(module: object, now: bool) -> None:
+    """DDP all-reduces gradients on the last micro-batch of a step only (the others accumulate locally)."""
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        module.require_backward_grad_sync = now
+
+
+def rank_shape(t: TrainConfig, world: int) -> tuple[int, int]:
+    """(micro-batch, micro-batches) of one rank: its batch_size x grad_accum / world sequences per step,
+    in equal micro-batches of at most train.batch_size. ConfigError when the world size does not divide them."""
+    total = t.batch_size * t.grad_accum
+    if total % world:
+        raise ConfigError(
+            f"world size {world} does not divide the global batch train.batch_size x train.grad_accum = "
+            f"{t.batch_size} x {t.grad_accum} = {total} sequences; use a number of processes that divides {total}, "
+            "or change train.batch_size / train.grad_accum"
+        )
+    per_rank = total // world
+    micro = max(d for d in range(1, min(per_rank, t.batch_size) + 1) if per_rank % d == 0)
+    return micro, per_rank // micro
+
+
+def batch_info(t: TrainConfig, block_size: int) -> dict:
+    """How the global batch is made: summary.json's `batch`, and the line before the progress bar."""
+    world = world_size()
+    micro, steps = rank_shape(t, world)
+    return {
+        "global": t.batch_size * t.grad_accum,
+        "micro_batch": micro,
+        "grad_accum": steps,
+        "world_size": world,
+        "tokens": t.batch_size * t.grad_accum * block_size,
+    }
+
+
+def rank_batches(
+    draws: list[tuple[torch.Tensor, torch.Tensor]], t: TrainConfig
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's micro-batches (x, y), each (micro, T), of one step.
+
+    draws: the grad_accum batches of batch_size windows that one process draws, in its order, from
+    the sampler every rank holds in the same state; rank r keeps rows [r G/N, (r+1) G/N) of the G.
+    """
+    world = world_size()
+    if world == 1:
+        return draws
+    micro, _ = rank_shape(t, world)
+    per_rank = t.batch_size * t.grad_accum // world
+    rows = slice(rank() * per_rank, (rank() + 1) * per_rank)
+    x, y = torch.cat([d[0] for d in draws])[rows], torch.cat([d[1] for d in draws])[rows]  # (G/N, T) each
+    return list(zip(x.split(micro), y.split(micro)))
+
+
+def mean_(tensor: torch.Tensor) -> torch.Tensor:
+    """Average a tensor over the ranks in place (as DDP averages gradients); returns it."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= world_size()
+    return tensor
+
+
+def any_(mask: torch.Tensor) -> torch.Tensor:
+    """Elementwise OR of a bool tensor over the ranks."""
+    if not dist.is_initialized():
+        return mask
+    counts = mask.to(torch.int32)
+    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    return counts > 0
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` is set on any rank: how a signal to one rank stops all after the same step.
+
+    A CPU tensor, so under NCCL it goes through gloo and never waits for the GPU."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def gather(obj: Any) -> list[Any] | None:
+    """Every rank's obj, in rank order, on rank 0 (None elsewhere): the per-rank RNG states of a checkpoint."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] | None = [None] * world_size() if is_rank0() else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def checkpoint_world_size(ckpt: dict) -> int:
+    """The number of processes that wrote a checkpoint: 1 + its ranks' own RNG states (none for one process)."""
+    return 1 + len(ckpt.get("rank_rng", []))
+
+
+def check_world_size(ckpt: dict, run: str) -> None:
+    """A run continues with the world size it was trained with: its data slices and RNG streams are per rank."""
+    refuse_world_size(run, checkpoint_world_size(ckpt), world_size())
+
+
+def refuse_world_size(run: str, saved: int, now: int) -> None:
+    """ConfigError, naming both sizes, when a run trained by `saved` processes would resume on `now`."""
+    if saved != now:
+        raise ConfigError(
+            f"run {run} was trained with world size {saved} and cannot resume with world size {now}; "
+            f"resume it with {saved} process{'es' if saved > 1 else ''} (tiecli train --nproc {saved} --resume ...)"
+        )
+
+
+def rng_of_rank(ckpt: dict) -> dict:
+    """This rank's RNG states in a checkpoint: rank 0's under "rng", the others' under "rank_rng"."""
+    return ckpt["rng"] if is_rank0() else ckpt["rank_rng"][rank() - 1]
+
+
+def batch_line(t: TrainConfig, block_size: int) -> str:
+    """The global batch as the progress bar's first line states it."""
+    b = batch_info(t, block_size)
+    return (
+        f"global batch {b['global']} sequences ({b['tokens']:,} tokens) a step = micro-batch {b['micro_batch']} "
+        f"x {b['grad_accum']} micro-steps x {b['world_size']} process{'es' if b['world_size'] > 1 else ''}"
+    )

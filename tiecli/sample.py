@@ -1,0 +1,189 @@
+# Used by `tiecli sample RUN` and, with train.sample_tokens, by `tiecli train` to show what a model learned.
+"""Text from a run's checkpoint: temperature, top-k and nucleus (top-p) sampling, reproducible by seed.
+
+Each sample draws from its own random stream, seeded from --seed and the sample's index, one
+uniform number per token (inverse-CDF sampling). So sample i gets the same random numbers whatever
+--num-samples is, and so do two runs sampled with one seed (`--compare`): where their distributions
+agree they pick the same tokens, and the texts differ only where the models do.
+
+Each step runs the model over the whole context again (at most block_size tokens) rather than
+keeping a key/value cache: see README "tiecli sample" for what that costs at the shipped sizes.
+"""
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import tiktoken
+import torch
+
+from tiecli import checkpoint, rundir
+from tiecli.config import SEED_LIMIT, Config
+from tiecli.data import load_corpus
+from tiecli.errors import ConfigError, TiecliError
+from tiecli.model import GPT
+from tiecli.runtime import pick_device
+
+DEFAULT_PROMPT = "\n"  # nanoGPT's start: every tokenizer here has it, and it begins a line of the text
+
+
+@dataclass
+class Options:
+    prompt: str
+    num_samples: int
+    max_new_tokens: int
+    temperature: float  # 0: greedy (always the most likely token)
+    top_k: int  # keep the k most likely tokens (0: all)
+    top_p: float  # keep the fewest most likely tokens whose probability reaches p (1: all)
+    seed: int
+
+    def check(self) -> None:
+        """One line naming the bad value and what is allowed (exit 2)."""
+        checks = (
+            (self.num_samples >= 1, f"--num-samples {self.num_samples} must be at least 1"),
+            (self.max_new_tokens >= 1, f"--max-new-tokens {self.max_new_tokens} must be at least 1"),
+            (self.temperature >= 0, f"--temperature {self.temperature} must be >= 0 (0: always the most likely token)"),
+            (self.top_k >= 0, f"--top-k {self.top_k} must be >= 0 (0: every token)"),
+            (0 < self.top_p <= 1, f"--top-p {self.top_p} must be in (0, 1] (1: every token)"),
+            (0 <= self.seed < SEED_LIMIT, f"--seed {self.seed} must be an integer in [0, 2**63)"),
+            (self.prompt != "", "the prompt is empty; give some text (the default is a newline)"),
+        )
+        bad = next((message for ok, message in checks if not ok), None)
+        if bad:
+            raise ConfigError(bad)
+
+
+@dataclass
+class Sample:
+    text: str  # the generated text alone (the prompt not repeated)
+    ids: list[int]  # the generated token ids
+    logprobs: list[float]  # log-probability of each generated token under the model (before temperature, top-k, top-p)
+
+
+@dataclass
+class Samples:
+    run: str
+    step: int  # the checkpoint's training step
+    prompt: str
+    prompt_ids: list[int]
+    options: dict
+    samples: list[Sample]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """--prompt or --prompt-file (UTF-8), not both; the default is a newline."""
+    if prompt is not None and prompt_file is not None:
+        raise ConfigError("give --prompt or --prompt-file, not both")
+    if prompt_file is None:
+        return DEFAULT_PROMPT if prompt is None else prompt
+    try:
+        return Path(prompt_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TiecliError(f"--prompt-file {str(prompt_file)!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise TiecliError(f"--prompt-file {str(prompt_file)!r} is not UTF-8 text (byte {e.start})") from None
+
+
+def encode_prompt(encoding: tiktoken.Encoding, text: str, vocab_size: int) -> list[int]:
+    """The prompt's token ids; one line naming the first character the tokenizer cannot encode.
+
+    A byte-level tokenizer (bytes, bpe, gpt2) has a token for every byte, so it encodes any text;
+    one without some byte would fail inside tiktoken, so the bytes are checked first.
+    """
+    single = {
+        token[0] for token in encoding._mergeable_ranks if len(token) == 1
+    }  # see tokenizer.py on _mergeable_ranks
+    for i, char in enumerate(text):
+        try:
+            missing = set(char.encode("utf-8")) - single
+        except UnicodeEncodeError:  # a lone surrogate: bytes of the command line that were not UTF-8
+            raise TiecliError(f"the prompt's character {char!r} (position {i}) is not valid UTF-8 text") from None
+        if missing:
+            raise TiecliError(
+                f"the prompt's character {char!r} (position {i}) is not in tokenizer {encoding.name}'s vocabulary "
+                f"(no token for byte 0x{min(missing):02x}); remove it from the prompt"
+            )
+    ids = encoding.encode_ordinary(text)
+    if ids and max(ids) >= vocab_size:
+        raise TiecliError(f"the prompt encodes to token id {max(ids)}, beyond the model's vocabulary of {vocab_size}")
+    return ids
+
+
+def load(run_dir: Path, config: Config, step: str) -> tuple[GPT, tiktoken.Encoding, int]:
+    """A run's model with its last checkpoint's weights, in eval mode, and the run's tokenizer."""
+    reader = rundir.RunReader(run_dir)
+    if not (run_dir / rundir.CHECKPOINT).is_file():
+        raise TiecliError(
+            f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to sample from: "
+            "it stopped before saving one; train it further with --resume"
+        )
+    model, ckpt = checkpoint.load_model(run_dir / rundir.CHECKPOINT, config.model, run_dir.name)
+    saved = ckpt["state"]["step"]
+    if step != "latest" and step != str(saved):
+        # Only last.pt holds a whole model; checkpoints/emb/ keeps the token matrices alone.
+        raise TiecliError(
+            f"--step {step!r}: run {run_dir.name} has full weights only at step {saved}; choose latest or {saved}"
+        )
+    corpus = load_corpus(config.data, config.tokenizer)
+    reader.check_corpus(corpus.key)  # another tokenizer's ids would not mean the same
+    return model.eval(), corpus.encoding, saved
+
+
+@torch.inference_mode()
+def generate(model: GPT, prompt_ids: list[int], o: Options, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, max_new_tokens) token ids and their log-probabilities under the model, N = o.num_samples.
+
+    The context is the last block_size tokens, as in training; each sample's stream is its own.
+    """
+    block_size = model.config.block_size
+    root = torch.Generator().manual_seed(o.seed)
+    streams = [
+        torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=root))) for _ in range(o.num_samples)
+    ]
+    idx = torch.tensor([prompt_ids] * o.num_samples, dtype=torch.long, device=device)  # (N, T)
+    new_ids, new_logprobs = [], []
+    for _ in range(o.max_new_tokens):
+        logits = model(idx[:, -block_size:])[:, -1, :].float()  # (N, V)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in streams]).to(device)  # (N,)
+        token = pick(logits, o, uniforms)  # (N,)
+        new_ids.append(token)
+        new_logprobs.append(logprobs.gather(1, token[:, None])[:, 0])
+        idx = torch.cat([idx, token[:, None]], dim=1)
+    return torch.stack(new_ids, dim=1).cpu(), torch.stack(new_logprobs, dim=1).cpu()
+
+
+def pick(logits: torch.Tensor, o: Options, uniforms: torch.Tensor) -> torch.Tensor:
+    """The next token of each row: greedy at temperature 0, else the inverse CDF of the filtered distribution at u."""
+    if o.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / o.temperature
+    if 0 < o.top_k < logits.size(-1):
+        kth = torch.topk(logits, o.top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)  # (N, V)
+    if o.top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Drop a token when the more likely ones already reach top_p; the most likely always stays.
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= o.top_p
+        probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+    cdf = probs.cumsum(dim=-1)  # (N, V)
+    u = (uniforms * cdf[:, -1]).unsqueeze(1)  # (N, 1), in [0, total mass)
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=probs.size(-1) - 1)
+
+
+def sample_run(run_dir: Path, config: Config, step: str, o: Options) -> Samples:
+    """`tiecli sample RUN`: o.num_samples continuations of o.prompt from the run's checkpoint."""
+    o.check()
+    model, encoding, saved = load(run_dir, config, step)
+    prompt_ids = encode_prompt(encoding, o.prompt, config.model.vocab_size)
+    device = pick_device(config.device)
+    ids, logprobs = generate(model.to(device), prompt_ids, o, device)
+    samples = [
+        Sample(encoding.decode(row.tolist(), errors="replace"), row.tolist(), [round(x, 6) for x in lp.tolist()])
+        for row, lp in zip(ids, logprobs)
+    ]
+    options = {k: v for k, v in asdict(o).items() if k != "prompt"}
+    return Samples(run_dir.name, saved, o.prompt, prompt_ids, options, samples)
