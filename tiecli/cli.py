@@ -156,18 +156,22 @@ def train(
             from tiecli.train import train as train_run
 
             summary = train_run(run_config, path, resume, files)
-        if summary is None:  # a rank other than 0: rank 0 reports
-            return
-        console.print(display.summary_table(summary))
-        entries = rundir.RunReader(path).geometry()
-        if entries:
-            console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
-        console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
-        if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
-            from tiecli.sample import DEFAULT_PROMPT, Options, sample_run
+        if summary is not None:  # None on ranks other than 0: rank 0 reports
+            show_trained(path, summary, run_config)
 
-            n = run_config.train.sample_tokens
-            show_samples([sample_run(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))])
+
+def show_trained(path: Path, summary, run_config) -> None:
+    """After training: the summary, the last geometry, where the run is and, with train.sample_tokens, a sample."""
+    console.print(display.summary_table(summary))
+    entries = rundir.RunReader(path).geometry()
+    if entries:
+        console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
+    console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
+    if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
+        from tiecli.sample import DEFAULT_PROMPT, Options, sample_run
+
+        n = run_config.train.sample_tokens
+        show_samples([sample_run(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))])
 
 
 def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
