@@ -43,6 +43,63 @@ ConfigDir = Annotated[
         help="A folder of your own config files: they add to tiecli's conf/ (e.g. model/huge.yaml) and replace its files of the same name",
     ),
 ]
+# `tiecli train`'s and `tiecli geometry`'s longer options.
+Resume = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Continue a run from its last checkpoint with its own config: "
+        "`--resume RUN_DIR`, or `--name NAME --resume`; overrides may extend it (train.max_steps=...)",
+    ),
+]
+Nproc = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        min=1,
+        help="Train data-parallel on N processes of this machine: starts torchrun --nproc_per_node N "
+        "(one GPU each on CUDA, gloo on CPU); the global batch stays train.batch_size x train.grad_accum",
+    ),
+]
+WriteEntry = Annotated[
+    bool,
+    typer.Option("--write", help="Also record the entry in the run's geometry.json (replacing one for the same step)"),
+]
+# `tiecli sweep`'s options, named here so the command reads as its list of settings.
+LauncherName = Annotated[
+    str,
+    typer.Option(
+        "--launcher",
+        help="basic (subprocesses here), submitit_local (submitit, here) or submitit_slurm (one SLURM job array); "
+        "settings: conf/launcher/NAME.yaml, changed with launcher.KEY=VALUE",
+    ),
+]
+GpusPerJob = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-job",
+        min=1,
+        help="GPUs per job (CUDA_VISIBLE_DEVICES, round-robin); more than 1 runs the job under torchrun",
+        show_default=False,
+    ),
+]
+StatusOf = Annotated[
+    str | None,
+    typer.Option(
+        "--status", metavar="NAME", help="Show sweep NAME's jobs (state, job id, step, losses); submit nothing"
+    ),
+]
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the jobs, their run directories, steps, tokens, evaluations, disk use and the "
+        "wall time estimated from a few steps measured here, and the total; run and write nothing",
+    ),
+]
+Estimate = Annotated[
+    bool, typer.Option("--estimate/--no-estimate", help="With --dry-run: time a few steps per model size here")
+]
 
 
 @contextlib.contextmanager
@@ -100,25 +157,10 @@ def train(
             "(default: the group choices, the seed and a hash of any other overrides)"
         ),
     ] = None,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            "--resume",
-            help="Continue a run from its last checkpoint with its own config: "
-            "`--resume RUN_DIR`, or `--name NAME --resume`; overrides may extend it (train.max_steps=...)",
-        ),
-    ] = False,
+    resume: Resume = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
     config_dir: ConfigDir = None,
-    nproc: Annotated[
-        int | None,
-        typer.Option(
-            "--nproc",
-            min=1,
-            help="Train data-parallel on N processes of this machine: starts torchrun --nproc_per_node N "
-            "(one GPU each on CUDA, gloo on CPU); the global batch stays train.batch_size x train.grad_accum",
-        ),
-    ] = None,
+    nproc: Nproc = None,
 ):
     """Train one model and evaluate it into runs/<name>/.
 
@@ -145,8 +187,7 @@ def train(
             if path is not None:
                 distributed.rank_shape(config.to_config(cfg).train, nproc)
                 args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
-                args += [*(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
-                raise typer.Exit(distributed.torchrun(nproc, ["train", *args]))
+                raise typer.Exit(start_ranks(nproc, args, resume, config_dir))
             return
         with distributed.process_group(), distributed.quiet_others():
             path, cfg, files = distributed.from_rank0(plan)  # rank 0 plans; a refusal is every rank's
@@ -158,6 +199,14 @@ def train(
             summary = train_run(run_config, path, resume, files)
         if summary is not None:  # None on ranks other than 0: rank 0 reports
             show_trained(path, summary, run_config)
+
+
+def start_ranks(nproc: int, args: list[str], resume: bool, config_dir: Path | None) -> int:
+    """`tiecli train --nproc N`: the same command under torchrun, on N processes; their exit code."""
+    from tiecli import distributed
+
+    args = [*args, *(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
+    return distributed.torchrun(nproc, ["train", *args])
 
 
 def show_trained(path: Path, summary, run_config) -> None:
@@ -277,12 +326,7 @@ def geometry(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the entry as JSON instead of a table")] = False,
-    write: Annotated[
-        bool,
-        typer.Option(
-            "--write", help="Also record the entry in the run's geometry.json (replacing one for the same step)"
-        ),
-    ] = False,
+    write: WriteEntry = False,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -300,17 +344,7 @@ def geometry(
         if model is not None:
             if run is not None or step != "latest" or write:
                 raise ConfigError("--model measures a pretrained model: give it without a RUN, --step or --write")
-            from tiecli import pretrained
-
-            measured = pretrained.geometry_of_model(model, pairs, out)
-            if as_json:
-                print(json.dumps(measured, indent=2))
-                return
-            for line in pretrained.summary_lines(measured):
-                console.print(line, highlight=False, markup=False, soft_wrap=True)
-            console.print(pretrained.table(measured))
-            if out is not None:
-                console.print(f"written: {out / pretrained.PRETRAINED_FILE}", highlight=False, soft_wrap=True)
+            show_pretrained(model, pairs, out, as_json)
             return
         if run is None:
             raise ConfigError("give a RUN directory, or --model PATH for a pretrained model")
@@ -324,6 +358,21 @@ def geometry(
             print(json.dumps(entry.to_dict(), indent=2))
         else:
             console.print(display.geometry_table(entry.to_dict(), f"{run.name}: geometry at step {entry.step}"))
+
+
+def show_pretrained(model: Path, pairs: Path | None, out: Path | None, as_json: bool) -> None:
+    """`tiecli geometry --model`: measure a pretrained model's token matrices, print them, and write them with --out."""
+    from tiecli import pretrained
+
+    measured = pretrained.geometry_of_model(model, pairs, out)
+    if as_json:
+        print(json.dumps(measured, indent=2))
+        return
+    for line in pretrained.summary_lines(measured):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(pretrained.table(measured))
+    if out is not None:
+        console.print(f"written: {out / pretrained.PRETRAINED_FILE}", highlight=False, soft_wrap=True)
 
 
 class ExportTarget(str, Enum):
@@ -456,44 +505,15 @@ def sweep(
             show_default=False,
         ),
     ] = None,
-    launcher: Annotated[
-        str,
-        typer.Option(
-            "--launcher",
-            help="basic (subprocesses here), submitit_local (submitit, here) or submitit_slurm (one SLURM job array); "
-            "settings: conf/launcher/NAME.yaml, changed with launcher.KEY=VALUE",
-        ),
-    ] = "basic",
-    gpus_per_job: Annotated[
-        int | None,
-        typer.Option(
-            "--gpus-per-job",
-            min=1,
-            help="GPUs per job (CUDA_VISIBLE_DEVICES, round-robin); more than 1 runs the job under torchrun",
-            show_default=False,
-        ),
-    ] = None,
-    status: Annotated[
-        str | None,
-        typer.Option(
-            "--status", metavar="NAME", help="Show sweep NAME's jobs (state, job id, step, losses); submit nothing"
-        ),
-    ] = None,
+    launcher: LauncherName = "basic",
+    gpus_per_job: GpusPerJob = None,
+    status: StatusOf = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder whose sweeps/ subfolder holds the sweep")] = Path(
         "runs"
     ),
     config_dir: ConfigDir = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Print the jobs, their run directories, steps, tokens, evaluations, disk use and the "
-            "wall time estimated from a few steps measured here, and the total; run and write nothing",
-        ),
-    ] = False,
-    estimate: Annotated[
-        bool, typer.Option("--estimate/--no-estimate", help="With --dry-run: time a few steps per model size here")
-    ] = True,
+    dry_run: DryRun = False,
+    estimate: Estimate = True,
 ):
     """Train every combination of the swept overrides (a,b,c, range(0,3), glob(*), study=NAME), one process per job.
 
