@@ -1,18 +1,17 @@
 # python benchmarks/sample_speed.py [--sizes micro,small,gpt2] [--device cpu]
-"""What a key/value cache would save `tiecli sample`, at the shipped model sizes.
+"""What the key/value cache saves `tiecli sample`, at the shipped model sizes.
 
-`tiecli sample` runs the model over the whole context (up to block_size tokens) for every new
-token, through GPT.forward, and keeps the last position's logits. This script times one new token
-three ways, with the context full (the steady state once block_size tokens exist):
+This script times one new token three ways, with the context full (the steady state once
+block_size tokens exist):
 
-  full      GPT.forward over the context, all positions' logits (what tiecli sample does)
+  full      GPT.forward over the context, all positions' logits (tiecli sample before the cache,
+            and still what it does once the context passes block_size and the window slides)
   last      the same body, the output matrix applied to the last position only
-  kv-cache  one position through each block, attending to cached keys and values
+  kv-cache  one position through GPT.forward with a model.KVCache holding the rest (tiecli sample)
 
-The cached step is written here from the model's own modules, only to measure it, and checked
-against GPT.forward's logits. It prints milliseconds per token and the time to generate
-block_size tokens from a one-token prompt (the sum over context lengths 1..block_size, from
-timings at a few lengths, interpolated).
+The cached step is checked against GPT.forward's logits. It prints milliseconds per token and the
+time to generate block_size tokens from a one-token prompt (the sum over context lengths
+1..block_size, from timings at a few lengths, interpolated).
 """
 
 import argparse
@@ -21,9 +20,8 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from tiecli.model import GPT, GPTConfig
+from tiecli.model import GPT, GPTConfig, KVCache
 
 SIZES = {  # conf/model/*.yaml with their usual vocabularies: bpe 4096 by default, gpt2 with tokenizer=gpt2
     "micro": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=4096),
@@ -44,33 +42,18 @@ def last(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     return model.emb.decode(model.ln_f(x[:, -1:]))[:, -1]
 
 
-def prefill(model: GPT, idx: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each block's keys and values (B, nh, T, hs) for the context."""
-    cache = []
-    x = model.emb.encode(idx) + model.wpe(torch.arange(idx.size(1), device=idx.device))
-    for block in model.h:
-        B, T, C = x.shape
-        _, k, v = block.attn.c_attn(block.ln_1(x)).split(C, dim=2)
-        cache.append(tuple(t.view(B, T, block.attn.n_head, -1).transpose(1, 2) for t in (k, v)))
-        x = block(x)
+def filled(model: GPT, idx: torch.Tensor) -> KVCache:
+    """A cache holding idx's keys and values."""
+    cache = KVCache(model.config)
+    model(idx, cache=cache)
     return cache
 
 
-def cached(model: GPT, token: torch.Tensor, position: int, cache: list) -> torch.Tensor:
-    """Logits of one new token (B, 1) at `position`, attending to the cached positions before it and itself.
-
-    A generator would keep the extended keys and values for the next token; timing needs only one step.
-    """
-    x = model.emb.encode(token) + model.wpe(torch.tensor([position], device=token.device))  # (B, 1, C)
-    for i, block in enumerate(model.h):
-        B, _, C = x.shape
-        nh = block.attn.n_head
-        q, k, v = (t.view(B, 1, nh, C // nh).transpose(1, 2) for t in block.attn.c_attn(block.ln_1(x)).split(C, dim=2))
-        keys, values = torch.cat([cache[i][0], k], dim=2), torch.cat([cache[i][1], v], dim=2)  # (B, nh, T+1, hs)
-        y = F.scaled_dot_product_attention(q, keys, values)  # the new position sees every cached one
-        x = x + block.attn.c_proj(y.transpose(1, 2).reshape(B, 1, C))
-        x = x + block.mlp(block.ln_2(x))
-    return model.emb.decode(model.ln_f(x))[:, -1]
+def cached(model: GPT, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Logits of one new token (B, 1) after the cached positions; the cache is rewound so the step can repeat."""
+    logits = model(token, cache=cache)[:, -1]
+    cache.length -= 1
+    return logits
 
 
 def timed(reps: int, fn, *args) -> float:
@@ -93,12 +76,12 @@ def measure(name: str, device: torch.device, reps: int) -> None:
     per_token = {way: [] for way in ("full", "last", "kv-cache")}
     for T in lengths:
         idx = torch.randint(config.vocab_size, (1, T), generator=torch.Generator().manual_seed(T)).to(device)
-        cache = prefill(model, idx[:, :-1])
-        worst = (cached(model, idx[:, -1:], T - 1, cache) - full(model, idx)).abs().max().item()
+        cache = filled(model, idx[:, :-1])
+        worst = (cached(model, idx[:, -1:], cache) - full(model, idx)).abs().max().item()
         assert worst < 1e-3, f"the cached step disagrees with GPT.forward by {worst}"
         per_token["full"].append(timed(reps, full, model, idx))
         per_token["last"].append(timed(reps, last, model, idx))
-        per_token["kv-cache"].append(timed(reps, cached, model, idx[:, -1:], T - 1, cache))
+        per_token["kv-cache"].append(timed(reps, cached, model, idx[:, -1:], cache))
     steps = np.arange(1, block + 1)
     print(f"{name}: {config.n_layer} x {config.n_embd}, vocab {config.vocab_size}, block {block}, on {device}")
     for way, times in per_token.items():

@@ -18,7 +18,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tiecli import distributed
+from tiecli import config, distributed
 from tiecli.cli import app
 from tiecli.config import TrainConfig
 
@@ -107,7 +107,7 @@ def test_two_ranks_train_as_one_stop_together_and_resume_exactly(tmp_path):
     assert list((tmp_path / "rank1").iterdir()) == []  # rank 1 wrote nothing
     assert procs[1][1].read_text().strip() == ""  # and said nothing: rank 0 speaks for all
     progress = " ".join(procs[0][1].read_text().split())
-    assert "global batch 8 sequences (256 tokens) a step = micro-batch 4 x 1 micro-steps x 2 processes" in progress
+    assert "global batch 8 sequences (256 tokens) a step = 4 x 1 micro-steps x 2 processes" in progress
     assert summary["world_size"] == 2 and summary["batch"]["global"] == 8 and summary["tokens_per_step"] == 256
 
     refused = CliRunner().invoke(app, ["train", "--resume", str(run)])
@@ -186,3 +186,12 @@ def test_gpu_check_skips_cleanly_without_cuda():
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith("gpu_check: skipped, no CUDA device")
+
+
+def test_the_batch_line_says_how_the_batch_is_made_only_when_it_is_more_than_one_micro_batch():
+    one, accum = (
+        config.to_config(config.compose([])[0]).train,
+        config.to_config(config.compose(["train.grad_accum=2"])[0]).train,
+    )
+    assert distributed.batch_line(one, 128) == "batch 16 sequences (2,048 tokens) a step"
+    assert distributed.batch_line(accum, 128) == "batch 32 sequences (4,096 tokens) a step = 16 x 2 micro-steps"

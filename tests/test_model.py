@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from tiecli.model import GPT, TYING_MODES, GPTConfig, count_params
+from tiecli.model import GPT, TYING_MODES, GPTConfig, KVCache, count_params
 
 V, C, L, T = 97, 32, 2, 16
 
@@ -197,3 +197,19 @@ def test_scaled_starts_with_its_origins_init(scales, logit_std, input_std):
         logits, inputs = emb.decode(h), emb.encode(torch.arange(512))
     assert logits.std().item() == pytest.approx(logit_std, rel=0.1)
     assert inputs.std().item() == pytest.approx(input_std, rel=0.1)
+
+
+@pytest.mark.parametrize("mode", TYING_MODES)
+def test_kv_cache_gives_the_full_forward_logits(mode):
+    model = GPT(config(mode), seed=3).eval()
+    idx = torch.randint(V, (2, T), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(idx)  # (2, T, V)
+        cache = KVCache(model.config)
+        # A prompt of 5, a chunk of 3 after it (the mask must offset the causal triangle), then one at a time.
+        parts = [model(idx[:, :5], cache=cache), model(idx[:, 5:8], cache=cache)]
+        parts += [model(idx[:, t : t + 1], cache=cache) for t in range(8, T)]
+    assert cache.length == T
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=f"sequence of length {T + 1} is longer than block_size={T}"):
+        model(idx[:, :1], cache=cache)  # a full cache takes no more: learned positions end at block_size

@@ -85,6 +85,17 @@ def test_greedy_filters_and_streams(tmp_path):
         assert sample_run(run, c, "latest", narrow).samples[0].ids == greedy.ids
 
 
+def test_past_block_size_the_window_slides_as_without_a_cache(tmp_path):
+    c, model = make_run(tmp_path / "run")  # block_size 32: 16 prompt tokens + 40 new run 24 past it
+    o = options(temperature=0.0, num_samples=1, prompt="ROMEO: tell me, ", max_new_tokens=40)
+    got = sample_run(tmp_path / "run", c, "latest", o)
+    seq = list(got.prompt_ids)
+    with torch.no_grad():
+        for _ in range(40):  # the reference: the whole window through GPT.forward for every token, no cache
+            seq.append(int(model(torch.tensor([seq[-32:]]))[0, -1].argmax()))
+    assert len(got.prompt_ids) == 16 and got.samples[0].ids == seq[16:]
+
+
 def test_pick_draws_from_the_filtered_distribution():
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
     for u, top_p, expected in ((0.0, 1.0, 0), (0.49, 1.0, 0), (0.51, 1.0, 1), (0.97, 1.0, 3), (0.7, 0.8, 1)):

@@ -77,9 +77,53 @@ def test_studies_and_overrides_on_top(isolated):
     assert not Path("runs").exists()
 
 
+WHEN_STUDY = """# tiecli sweep study=lrs --config-dir mine
+axes:
+  model: [nano, micro]
+  tying: [untied, tied]
+fixed:
+  seed: 0
+when:
+"""
+RULES = """  - match: {tying: tied}
+    set: {train.lr: 0.006}
+  - match: {tying: untied, model: micro}
+    set: {train.lr: 0.001, train.min_lr: 0.0001}
+"""
+
+
+def test_when_rules_give_matching_jobs_their_own_settings(isolated):
+    Path("mine/study").mkdir(parents=True)
+    Path("mine/study/lrs.yaml").write_text(WHEN_STUDY + RULES)
+    assert dry_run("study=lrs", "--config-dir", "mine") == [
+        ["model=nano", "tying=untied", "seed=0"],
+        ["model=nano", "tying=tied", "seed=0", "train.lr=0.006"],
+        ["model=micro", "tying=untied", "seed=0", "train.lr=0.001", "train.min_lr=0.0001"],
+        ["model=micro", "tying=tied", "seed=0", "train.lr=0.006"],
+    ]
+    # The command line wins: its train.lr replaces every rule's, the rules' other settings stay.
+    jobs = dry_run("study=lrs", "train.lr=0.002", "model=micro", "--config-dir", "mine")
+    assert jobs == [
+        ["model=micro", "tying=untied", "seed=0", "train.lr=0.002", "train.min_lr=0.0001"],
+        ["model=micro", "tying=tied", "seed=0", "train.lr=0.002"],
+    ]
+    bad = {
+        "  - match: {seed: 0}\n    set: {train.lr: 1}\n": "when rule 1: matches 'seed', which is not an axis; the axes are model, tying",
+        "  - match: {tying: tide}\n    set: {train.lr: 1}\n": "when rule 1: tying=tide is not one of the axis's values: untied, tied",
+        "  - match: {tying: tied}\n    set: {seed: 1}\n": "when rule 1: sets 'seed', which the study already sweeps or fixes",
+        "  - set: {train.lr: 1}\n": "when rule 1: a rule is {match: {axis: value, ...}, set: {key: value, ...}}",
+        RULES
+        + "  - match: {model: micro}\n    set: {train.lr: 1}\n": "two when rules set train.lr for the job model=micro tying=untied seed=0",
+    }
+    for rules, message in bad.items():
+        Path("mine/study/lrs.yaml").write_text(WHEN_STUDY + rules)
+        one_line_error(tiecli("sweep", "study=lrs", "--config-dir", "mine", "--dry-run"), 2, message)
+    assert not Path("runs").exists()
+
+
 def test_bad_grids_exit_2_and_write_nothing(isolated):
     one_line_error(tiecli("sweep", "seed=0,1", "seed=2"), 2, "'seed' is given twice on the command line")
-    one_line_error(tiecli("sweep", "study=nope"), 2, "unknown study 'nope'; valid studies: tying_modes, tying_vs_size")
+    one_line_error(tiecli("sweep", "study=nope"), 2, "unknown study 'nope'; valid studies: cpu_lr_pilot, gpu_ladder,")
     one_line_error(tiecli("sweep", *TINY, "train.grad_accum=1,many"), 2, "train.grad_accum='many' has the wrong type")
     one_line_error(tiecli("sweep", "seed=0,0"), 2, "two jobs would share the run directory")
     assert not Path("runs").exists()

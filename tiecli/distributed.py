@@ -323,9 +323,12 @@ def rng_of_rank(ckpt: dict) -> dict:
 
 
 def batch_line(t: TrainConfig, block_size: int) -> str:
-    """The global batch as the progress bar's first line states it."""
+    """The global batch as the progress bar's first line states it: how it is made only when it is more than one micro-batch.
+
+    Under 80 columns for one process, so a log or a narrow terminal keeps it on one line.
+    """
     b = batch_info(t, block_size)
-    return (
-        f"global batch {b['global']} sequences ({b['tokens']:,} tokens) a step = micro-batch {b['micro_batch']} "
-        f"x {b['grad_accum']} micro-steps x {b['world_size']} process{'es' if b['world_size'] > 1 else ''}"
-    )
+    line = f"batch {b['global']} sequences ({b['tokens']:,} tokens) a step"
+    if b["world_size"] > 1:
+        return f"global {line} = {b['micro_batch']} x {b['grad_accum']} micro-steps x {b['world_size']} processes"
+    return line if b["grad_accum"] == 1 else f"{line} = {b['micro_batch']} x {b['grad_accum']} micro-steps"

@@ -391,6 +391,35 @@ class Embeddings(nn.Module):
         return logits if bias is None else logits + bias
 
 
+class KVCache:
+    """Each layer's keys and values of the positions seen so far, for generating one token at a time.
+
+    With it a new token costs one position through the model instead of the whole context. Learned
+    positions make it valid only while the context fits block_size: past that, the window slides,
+    every token's position changes, and the keys must be computed again (see tiecli/sample.py).
+    Buffers are made on the first update, in the dtype and device of the keys.
+    """
+
+    def __init__(self, config: GPTConfig):
+        self.block_size = config.block_size
+        self.keys: list[torch.Tensor | None] = [None] * config.n_layer  # (B, nh, block_size, hs) each
+        self.values: list[torch.Tensor | None] = [None] * config.n_layer
+        self.length = 0  # positions held; GPT.forward advances it after every layer has stored its part
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new positions' k and v (B, nh, T, hs); return every position's so far (B, nh, length + T, hs)."""
+        B, nh, T, hs = k.shape
+        if self.keys[layer] is None:
+            self.keys[layer] = k.new_zeros(B, nh, self.block_size, hs)
+            self.values[layer] = v.new_zeros(B, nh, self.block_size, hs)
+        keys, values = self.keys[layer], self.values[layer]
+        assert keys is not None and values is not None
+        end = self.length + T
+        keys[:, :, self.length : end] = k
+        values[:, :, self.length : end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -400,12 +429,19 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
+        if cache is None:
+            dropout = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)  # (B, nh, T, hs)
+        else:
+            start = cache.length
+            k, v = cache.update(layer, k, v)  # (B, nh, start + T, hs): the cached positions, then these
+            # The query at position start + i sees the keys at positions 0 .. start + i.
+            mask = torch.arange(start + T, device=x.device) <= torch.arange(start, start + T, device=x.device)[:, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -429,8 +465,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -465,16 +501,28 @@ class GPT(nn.Module):
                 if bias is not None:
                     bias.zero_()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
-        """Logits (B, T, V); with targets, the cross-entropy instead: a scalar, or (B, T) for reduction="none"."""
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        reduction: str = "mean",
+        cache: KVCache | None = None,
+    ):
+        """Logits (B, T, V); with targets, the cross-entropy instead: a scalar, or (B, T) for reduction="none".
+
+        With a cache (generation), idx continues the cached positions, and the cache keeps its keys and values.
+        """
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of length {T} is longer than block_size={self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        start = 0 if cache is None else cache.length
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} is longer than block_size={self.config.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
         tok, w_out, bias = self.emb(idx)  # (B, T, C), (V, C), (V,) or None
         x = self.drop(tok + self.wpe(pos))  # (B, T, C)
-        for block in self.h:
-            x = block(x)
+        for layer, block in enumerate(self.h):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += T
         x = self.ln_f(x)
         if targets is None:
             return self.emb.logits(x, w_out, bias)  # (B, T, V)

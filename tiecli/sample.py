@@ -6,8 +6,10 @@ uniform number per token (inverse-CDF sampling). So sample i gets the same rando
 --num-samples is, and so do two runs sampled with one seed (`--compare`): where their distributions
 agree they pick the same tokens, and the texts differ only where the models do.
 
-Each step runs the model over the whole context again (at most block_size tokens) rather than
-keeping a key/value cache: see README "tiecli sample" for what that costs at the shipped sizes.
+A key/value cache (model.KVCache) makes each new token one position through the model while the
+context fits block_size. Past it the window slides and every position's embedding changes, so each
+further token runs the model over the last block_size tokens, as training saw them. See README
+"tiecli sample" for what the cache saves at the shipped sizes.
 """
 
 from dataclasses import asdict, dataclass
@@ -20,7 +22,7 @@ from tiecli import checkpoint, rundir
 from tiecli.config import SEED_LIMIT, Config
 from tiecli.data import load_corpus
 from tiecli.errors import ConfigError, TiecliError
-from tiecli.model import GPT
+from tiecli.model import GPT, KVCache
 from tiecli.runtime import pick_device
 
 DEFAULT_PROMPT = "\n"  # nanoGPT's start: every tokenizer here has it, and it begins a line of the text
@@ -143,9 +145,12 @@ def generate(model: GPT, prompt_ids: list[int], o: Options, device: torch.device
         torch.Generator().manual_seed(int(torch.randint(2**62, (1,), generator=root))) for _ in range(o.num_samples)
     ]
     idx = torch.tensor([prompt_ids] * o.num_samples, dtype=torch.long, device=device)  # (N, T)
+    cache = KVCache(model.config)
+    logits = model(idx[:, -block_size:], cache=cache)[:, -1, :].float()  # (N, V)
     new_ids, new_logprobs = [], []
-    for _ in range(o.max_new_tokens):
-        logits = model(idx[:, -block_size:])[:, -1, :].float()  # (N, V)
+    for i in range(o.max_new_tokens):
+        if i > 0:
+            logits = next_logits(model, idx, cache)
         logprobs = torch.log_softmax(logits, dim=-1)
         uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in streams]).to(device)  # (N,)
         token = pick(logits, o, uniforms)  # (N,)
@@ -153,6 +158,13 @@ def generate(model: GPT, prompt_ids: list[int], o: Options, device: torch.device
         new_logprobs.append(logprobs.gather(1, token[:, None])[:, 0])
         idx = torch.cat([idx, token[:, None]], dim=1)
     return torch.stack(new_ids, dim=1).cpu(), torch.stack(new_logprobs, dim=1).cpu()
+
+
+def next_logits(model: GPT, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """(N, V) logits after idx (N, T), whose last token is the only one the cache lacks."""
+    if cache.length < model.config.block_size:
+        return model(idx[:, -1:], cache=cache)[:, -1, :].float()
+    return model(idx[:, -model.config.block_size :])[:, -1, :].float()  # the window slides: no cache can serve
 
 
 def pick(logits: torch.Tensor, o: Options, uniforms: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ SAFE_NAME = re.compile(f"[{config.NAME_CHARS}]+")
 SAFE_VALUE = re.compile(r"[A-Za-z0-9._]+")  # a value shown as is in a default name: '-' separates them there
 NAME_LENGTH = 40
 BYTES_PER_PARAM = 4  # fp32 weights, also under bf16 autocast
-STUDY_KEYS = ("description", "axes", "fixed")
+STUDY_KEYS = ("description", "axes", "fixed", "when")
 STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "failed": "red", "interrupted": "magenta"}
 ERROR_TAIL_LINES = 5
 
@@ -61,8 +61,8 @@ def now() -> str:
 # --- expanding the overrides into jobs ---------------------------------------------------------
 
 
-def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str]]:
-    """conf/study/NAME.yaml (the first config dir that has it): its description and its command-line overrides."""
+def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict]]:
+    """conf/study/NAME.yaml (the first config dir that has it): its description, its command-line overrides and its rules."""
     path = next((d / "study" / f"{name}.yaml" for d in dirs if (d / "study" / f"{name}.yaml").is_file()), None)
     if path is None:
         raise ConfigError(
@@ -78,17 +78,60 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str]]:
         or not all(isinstance(study.get(k) or {}, dict) for k in ("axes", "fixed"))
     ):
         raise ConfigError(
-            f"{str(path)!r}: a study is a mapping with description, axes (key: [values]) and fixed (key: value)"
+            f"{str(path)!r}: a study is a mapping with description, axes (key: [values]), fixed (key: value) "
+            "and when (a list of {match: {axis: value}, set: {key: value}})"
         )
-    axes = [
-        f"{k}={','.join(map(_value, v)) if isinstance(v, list) else _value(v)}"
-        for k, v in (study.get("axes") or {}).items()
-    ]
-    fixed = [f"{k}={_value(v)}" for k, v in (study.get("fixed") or {}).items()]
-    for line in fixed:
+    axes, fixed = study.get("axes") or {}, study.get("fixed") or {}
+    lines = [f"{k}={','.join(map(_value, v)) if isinstance(v, list) else _value(v)}" for k, v in axes.items()]
+    lines += [f"{k}={_value(v)}" for k, v in fixed.items()]
+    for line in lines[len(axes) :]:
         if any(o.is_sweep_override() for o in config.parse_overrides([line])):
             raise ConfigError(f"study {name!r}: fixed setting {line!r} has several values; move it under axes")
-    return str(study.get("description") or ""), axes + fixed
+    return str(study.get("description") or ""), lines, _rules(name, study.get("when") or [], axes, fixed)
+
+
+def _rules(name: str, when, axes: dict, fixed: dict) -> list[dict]:
+    """A study's `when` rules, checked: each matches axis values the study has and sets keys it does not sweep or fix.
+
+    A rule gives the jobs whose axes take all of `match`'s values the settings in `set`: how a
+    study runs each tying mode at its own learning rate.
+    """
+    rules = []
+    for i, rule in enumerate(when if isinstance(when, list) else [when], 1):
+        where = f"study {name!r}, when rule {i}"
+        if (
+            not isinstance(rule, dict)
+            or set(rule) != {"match", "set"}
+            or not all(isinstance(rule[k], dict) and rule[k] for k in rule)
+        ):
+            raise ConfigError(f"{where}: a rule is {{match: {{axis: value, ...}}, set: {{key: value, ...}}}}")
+        match = {k: _value(v) for k, v in rule["match"].items()}
+        for key, value in match.items():
+            values = axes.get(key)
+            if values is None:
+                raise ConfigError(f"{where}: matches {key!r}, which is not an axis; the axes are {', '.join(axes)}")
+            if isinstance(values, list) and value not in map(_value, values):
+                shown = ", ".join(map(_value, values))
+                raise ConfigError(f"{where}: {key}={value} is not one of the axis's values: {shown}")
+        settings = [f"{k}={_value(v)}" for k, v in rule["set"].items()]
+        for key in rule["set"]:
+            if key in axes or key in fixed:
+                raise ConfigError(f"{where}: sets {key!r}, which the study already sweeps or fixes")
+        if any(o.is_sweep_override() for o in config.parse_overrides(settings)):
+            raise ConfigError(f"{where}: a rule sets one value per key; {settings} has several")
+        rules.append({"match": match, "set": settings})
+    return rules
+
+
+def apply_rules(combo: list[str], rules: list[dict]) -> list[str]:
+    """One job's override lines followed by the settings of every rule that matches it."""
+    values = dict(line.split("=", 1) for line in combo)
+    added = [line for rule in rules if rule["match"].items() <= values.items() for line in rule["set"]]
+    keys = [line.split("=", 1)[0] for line in added]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice:
+        raise ConfigError(f"two when rules set {twice} for the job {' '.join(combo)}; make their matches exclusive")
+    return combo + added
 
 
 def _value(v) -> str:
@@ -108,13 +151,18 @@ def expand(overrides: list[str], dirs: list[Path]) -> tuple[dict | None, list[tu
     study = next((o for o in parsed if o.key_or_group == "study"), None)
     if study is not None and study.is_sweep_override():
         raise ConfigError(f"{study.input_line!r}: run one study at a time")
-    entries, about = {}, None
+    entries: dict = {}
+    about: dict | None = None
     if study is not None:
         about = {"name": str(study.value())}
-        about["description"], study_lines = load_study(about["name"], dirs)
+        about["description"], study_lines, rules = load_study(about["name"], dirs)
         study_overrides = config.parse_overrides(study_lines)
         config.check_unique(study_overrides, f"in study {about['name']!r}")
         entries = {o.key_or_group: o for o in study_overrides}
+        given = {o.key_or_group for o in parsed}  # a setting on the command line wins over a rule's
+        rules = [{**r, "set": [line for line in r["set"] if line.split("=", 1)[0] not in given]} for r in rules]
+        if rules:
+            about["when"] = [r for r in rules if r["set"]]
     entries.update({o.key_or_group: o for o in parsed if o is not study})
     return about, [(key, _lines(o, dirs)) for key, o in entries.items()]
 
@@ -179,10 +227,11 @@ def plan(
     study, entries = expand(job_overrides, dirs)
     jobs, configs = [], {}
     for combo in itertools.product(*(lines for _, lines in entries)):
-        cfg, choices = config.compose(list(combo), config_dir)
-        job_name = config.run_name(choices, cfg, list(combo))
+        job = apply_rules(list(combo), (study or {}).get("when", []))
+        cfg, choices = config.compose(job, config_dir)
+        job_name = config.run_name(choices, cfg, job)
         configs[job_name] = config.to_config(cfg)  # a bad value in any job stops the sweep before anything runs
-        jobs.append(rundir.SweepJob(name=job_name, overrides=list(combo), run_dir=job_name, log=f"logs/{job_name}.log"))
+        jobs.append(rundir.SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
     names = [j.name for j in jobs]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice:
