@@ -17,12 +17,12 @@ import torch
 from tiecli.data import cache_dir
 from tiecli.errors import TiecliError
 
-# Compiling repays itself after (compile time) / (time saved a step). On the 2-core CPU of
-# README's Performance section, the default model's step compiled (blocks only) with bf16 was
-# about 6% faster than eager, ~10 ms of ~170 ms, against 20-30 s of compiling: ~2500 steps. A
-# later measurement on the same machine under heavy load saw no gain at all, so this is the
-# optimistic end; `benchmarks/throughput.py --defaults` measures it again on any machine.
-COMPILE_MIN_STEPS_CPU = 2500
+# Compiling repays itself after (compile time) / (time saved a step). On the idle 2-core CPU of
+# README's Performance section (tiecli 0.2, whole step compiled, bf16), the default model's step
+# took 119 ms compiled against 167 ms eager, 48 ms saved, and a cold compile (empty inductor
+# cache) cost 17-23 s: repaid after 365-490 steps, so 500. With a warm cache the compile costs
+# 2-5 s and repays within 150 steps. `benchmarks/throughput.py --defaults` measures it on any machine.
+COMPILE_MIN_STEPS_CPU = 500
 
 
 def pick_device(name: str) -> torch.device:
