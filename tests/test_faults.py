@@ -595,6 +595,7 @@ def test_a_second_ctrl_c_stops_at_once(isolated):
         "train",
         *args(
             "model=micro",
+            "model.block_size=128",
             "train.batch_size=1024",
             "train.max_steps=200",
             "train.log_interval=1",
@@ -612,6 +613,9 @@ def test_a_second_ctrl_c_stops_at_once(isolated):
             assert time.time() < deadline, "timed out waiting for the first steps"
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
+        # Step 2's metrics line comes before its checkpoint: a Ctrl-C during that save would end the
+        # run there, in order. A second's wait puts it inside step 3 (some 10 s of batch 1024).
+        time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.2)  # long enough for the handler to run, far shorter than the step
         proc.send_signal(signal.SIGINT)
