@@ -101,6 +101,14 @@ def test_when_rules_give_matching_jobs_their_own_settings(isolated):
         ["model=micro", "tying=untied", "seed=0", "train.lr=0.001", "train.min_lr=0.0001"],
         ["model=micro", "tying=tied", "seed=0", "train.lr=0.006"],
     ]
+    # A value matches as a number too: the command line's 0.001 is the rule's 1e-3 (YAML keeps that as text).
+    Path("mine/study/lrs_min.yaml").write_text(
+        "axes:\n  train.lr: [1e-3, 3e-3]\nwhen:\n  - {match: {train.lr: 1e-3}, set: {train.min_lr: 0.0001}}\n"
+    )
+    assert dry_run("study=lrs_min", "train.lr=0.001,0.003", "--config-dir", "mine") == [
+        ["train.lr=0.001", "train.min_lr=0.0001"],
+        ["train.lr=0.003"],
+    ]
     # The command line wins: its train.lr replaces every rule's, the rules' other settings stay.
     jobs = dry_run("study=lrs", "train.lr=0.002", "model=micro", "--config-dir", "mine")
     assert jobs == [

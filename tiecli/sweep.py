@@ -125,13 +125,24 @@ def _rules(name: str, when, axes: dict, fixed: dict) -> list[dict]:
 
 def apply_rules(combo: list[str], rules: list[dict]) -> list[str]:
     """One job's override lines followed by the settings of every rule that matches it."""
-    values = dict(line.split("=", 1) for line in combo)
-    added = [line for rule in rules if rule["match"].items() <= values.items() for line in rule["set"]]
+    values = dict(line.split("=", 1) for line in combo if "=" in line)
+    matching = [rule for rule in rules if all(_same(values.get(k), v) for k, v in rule["match"].items())]
+    added = [line for rule in matching for line in rule["set"]]
     keys = [line.split("=", 1)[0] for line in added]
     twice = next((k for k in keys if keys.count(k) > 1), None)
     if twice:
         raise ConfigError(f"two when rules set {twice} for the job {' '.join(combo)}; make their matches exclusive")
     return combo + added
+
+
+def _same(given: str | None, wanted: str) -> bool:
+    """Whether an axis value matches a rule's: as text, or as numbers (1e-3 on the command line is 0.001)."""
+    if given is None:
+        return False
+    try:
+        return given == wanted or float(given) == float(wanted)
+    except ValueError:
+        return False
 
 
 def _value(v) -> str:
