@@ -466,13 +466,7 @@ def _run_jobs(
                     save()
                     for job in batch:
                         _announce(console, job, jobs, sweep_dir, watch.gpus.get(job.name))
-                for job in [j for j in jobs if j.name in running]:
-                    ended, code = launcher.poll(running[job.name].handle)
-                    if not ended:
-                        continue
-                    started = running.pop(job.name)
-                    starter.done(started)
-                    _finish(job, code, bool(signals), sweep_dir, started.offset)
+                for job in _reap(jobs, running, launcher, starter, bool(signals), sweep_dir):
                     save()
                     _announce(console, job, jobs, sweep_dir, None)
                 if plain:
@@ -487,6 +481,19 @@ def _run_jobs(
     if console.is_terminal:
         console.print(jobs_table(jobs, watch))
     return bool(signals)
+
+
+def _reap(jobs, running: dict, launcher, starter: Starter, stopping: bool, sweep_dir: Path) -> list[rundir.SweepJob]:
+    """The running jobs that have ended, each taken out of `running` and its state recorded."""
+    ended_jobs = []
+    for job in [j for j in jobs if j.name in running]:
+        ended, code = launcher.poll(running[job.name].handle)
+        if ended:
+            started = running.pop(job.name)
+            starter.done(started)
+            _finish(job, code, stopping, sweep_dir, started.offset)
+            ended_jobs.append(job)
+    return ended_jobs
 
 
 def _submit(
