@@ -62,7 +62,8 @@ class GPTConfig:
 
 
 INIT_STD = 0.02  # GPT-2's normal init of every matrix
-HEAD_CHUNK_ELEMENTS = 2**22  # the fused head holds at most this many logits (16 MB in fp32) at a time
+HEAD_CHUNK_ELEMENTS = 2**22  # the fused head holds about this many logits (16 MB in fp32) at a time,
+HEAD_CHUNK_MIN_ROWS = 512  # but at least this many rows: thinner matmuls run far below the peak (README)
 
 
 def _head_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -81,7 +82,90 @@ def _chunk_logits(h, w, bias, scale: float) -> torch.Tensor:
 
 
 def _chunk_rows(n: int, vocab_size: int) -> int:
-    return max(1, min(n, HEAD_CHUNK_ELEMENTS // vocab_size))
+    return max(1, min(n, max(HEAD_CHUNK_MIN_ROWS, HEAD_CHUNK_ELEMENTS // vocab_size)))
+
+
+def _head_chunk(hc, yc, w, bias, scale: float, want_h: bool, want_w: bool, want_b: bool):
+    """One chunk of rows: its summed loss and its gradients, each None when not wanted.
+
+    hc (n, C) and w (V, C) in the compute dtype, yc (n,). Returns the loss (), d/dh (n, C) in the
+    compute dtype, d/dW (V, C) and d/db (V,) in fp32.
+    """
+    logits = _chunk_logits(hc, w, bias, scale)  # (n, V) fp32
+    lse = torch.logsumexp(logits, dim=-1)  # (n,)
+    loss = (lse - logits.gather(1, yc[:, None]).squeeze(1)).sum()
+    if not (want_h or want_w or want_b):
+        return loss, None, None, None
+    # d(sum of losses)/d(logits) = softmax - onehot(y)
+    d = torch.exp(logits - lse[:, None]).scatter_add(1, yc[:, None], -torch.ones_like(lse)[:, None])
+    grad_b = d.sum(0) if want_b else None
+    d = (d * scale if scale != 1.0 else d).to(w.dtype)  # (n, V): through the scale, into the matmuls
+    grad_h = d @ w if want_h else None
+    grad_w = (d.t() @ hc).float() if want_w else None
+    return loss, grad_h, grad_w, grad_b
+
+
+def _head_loop(h, w, bias, targets, scale: float, wants: tuple[bool, bool, bool], chunk=_head_chunk):
+    """_head_chunk over every chunk of rows: the summed loss and the gradients, accumulated (see _head_chunk)."""
+    want_h, want_w, want_b = wants
+    (N, C), V = h.shape, w.shape[0]
+    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    grad_h = torch.empty_like(h) if want_h else None  # (N, C)
+    grad_w = torch.zeros((V, C), dtype=torch.float32, device=h.device) if want_w else None  # fp32 across chunks
+    grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) if want_b else None
+    rows = _chunk_rows(N, V)
+    for start in range(0, N, rows):
+        hc, yc = h[start : start + rows].to(w.dtype), targets[start : start + rows]  # (n, C), (n,)
+        loss, gh, gw, gb = chunk(hc, yc, w, bias, scale, *wants)
+        total = total + loss
+        if grad_h is not None:
+            grad_h[start : start + rows] = gh.to(h.dtype)
+        if grad_w is not None:
+            grad_w += gw
+        if grad_b is not None:
+            grad_b += gb
+    return total, grad_h, grad_w, grad_b
+
+
+# A compiled step either traces the head's chunk loop into its graph or calls it as one opaque
+# operator. Traced is faster, but inductor schedules the chunks of one graph together and keeps
+# buffers of each alive: measured at config b (V = 50,304, 2,048 rows), a step's memory was 481 MiB
+# at 4 chunks, 517 at 7, 850 at 16 and 1,179 at 25, which approaches the logits the fused head
+# exists to avoid. So past HEAD_GRAPH_MAX_CHUNKS chunks the step calls the loop through this
+# operator, a graph node inductor cannot look into, with each chunk's arithmetic compiled on its
+# own: one chunk's buffers at a time (486 MiB at 16 chunks), at about 30% more time a step.
+HEAD_GRAPH_MAX_CHUNKS = 8
+_compiled_chunk = None  # torch.compile(_head_chunk), made on first use
+
+
+@torch.library.custom_op("tiecli::fused_head", mutates_args=())
+def _fused_head(
+    h: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    scale: float,
+    want_h: bool,
+    want_w: bool,
+    want_b: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """_head_loop as one operator, each chunk compiled; a gradient not wanted comes back empty."""
+    global _compiled_chunk
+    if _compiled_chunk is None:
+        _compiled_chunk = torch.compile(_head_chunk, fullgraph=True, dynamic=False)
+    out = _head_loop(h, w, bias, targets, scale, (want_h, want_w, want_b), chunk=_compiled_chunk)
+    return tuple(h.new_empty(0) if t is None else t for t in out)  # type: ignore[return-value]
+
+
+@_fused_head.register_fake
+def _(h, w, bias, targets, scale, want_h, want_w, want_b):
+    (V, C), f32 = w.shape, torch.float32
+    return (
+        h.new_empty((), dtype=f32),
+        h.new_empty(h.shape) if want_h else h.new_empty(0),
+        h.new_empty((V, C), dtype=f32) if want_w else h.new_empty(0),
+        h.new_empty((V,), dtype=f32) if want_b else h.new_empty(0),
+    )
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -96,29 +180,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, bias, targets, scale: float, dtype: torch.dtype):
-        N, V = h.shape[0], weight.shape[0]
-        wants_grad = any(ctx.needs_input_grad[:3])
+        wants = tuple(ctx.needs_input_grad[:3])  # h, weight, bias (False for a bias that is None)
         w = weight.to(dtype)  # (V, C): cast once, not per chunk
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
-        grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # (N, C)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=h.device) if wants_grad else None
-        grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) if bias is not None and wants_grad else None
-        rows = _chunk_rows(N, V)
-        for start in range(0, N, rows):
-            hc, yc = h[start : start + rows].to(dtype), targets[start : start + rows]  # (n, C), (n,)
-            logits = _chunk_logits(hc, w, bias, scale)  # (n, V) fp32
-            lse = torch.logsumexp(logits, dim=-1)  # (n,)
-            total = total + (lse - logits.gather(1, yc[:, None]).squeeze(1)).sum()
-            if not wants_grad:
-                continue
-            # d(sum of losses)/d(logits) = softmax - onehot(y)
-            d = torch.exp(logits - lse[:, None]).scatter_add(1, yc[:, None], -torch.ones_like(lse)[:, None])
-            if grad_b is not None:
-                grad_b += d.sum(0)
-            d = (d * scale if scale != 1.0 else d).to(dtype)  # (n, V): through the scale, into the matmuls
-            if grad_h is not None:
-                grad_h[start : start + rows] = (d @ w).to(h.dtype)
-            grad_w += (d.t() @ hc).float()  # accumulated in fp32 across chunks
+        chunks = math.ceil(h.shape[0] / _chunk_rows(h.shape[0], weight.shape[0]))
+        if torch.compiler.is_compiling() and chunks > HEAD_GRAPH_MAX_CHUNKS:
+            total, *grads = _fused_head(h, w, bias, targets, scale, *wants)
+            grad_h, grad_w, grad_b = (g if want else None for g, want in zip(grads, wants))
+        else:
+            total, grad_h, grad_w, grad_b = _head_loop(h, w, bias, targets, scale, wants)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return total
