@@ -14,7 +14,6 @@ import argparse
 import os
 import subprocess
 import sys
-import threading
 import time
 
 GRID = "b:83:graph,b:83:op,b:128:graph,b:128:op,b:333:graph,b:512:graph,b:512:op,b:667:graph,b:1334:graph,a:512:graph,a:2048:graph"
@@ -34,23 +33,11 @@ def one(setting: str) -> None:
     start = time.perf_counter()
     v.step()
     first = time.perf_counter() - start
-    base, peak, done = tp.rss_mib(), [0.0], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], tp.rss_mib())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample)
-    sampler.start()
-    for _ in range(3):
-        v.step()
-    done.set()
-    sampler.join()
+    memory = tp.rss_during_steps(v)
     step = min(tp.timed(v, 4) for _ in range(2))
     n = tp.CONFIGS[cfg][2] * tp.CONFIGS[cfg][4]  # rows of the logits: block x batch
     chunks = -(-n // int(rows))
-    print(f"  {cfg:<7} {rows:>5} {chunks:>6}  {where:<5} {first:>10.1f} {step * 1000:>9,.0f} {peak[0] - base:>9,.0f}")
+    print(f"  {cfg:<7} {rows:>5} {chunks:>6}  {where:<5} {first:>10.1f} {step * 1000:>9,.0f} {memory:>9,.0f}")
 
 
 def main() -> None:

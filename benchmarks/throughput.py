@@ -229,13 +229,10 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def probe(spec: str) -> None:
-    """The --probe child: peak RSS during 3 steps above the RSS after a warm-up step, in MiB."""
+def rss_during_steps(v: Variant, steps: int = 3) -> float:
+    """Peak RSS in MiB during `steps` steps above the RSS before them, sampled every millisecond."""
     import threading
 
-    cfg, variant = spec.split(":")
-    v = make(cfg, variant)
-    v.step()
     base, peak, done = rss_mib(), [0.0], threading.Event()
 
     def sample():
@@ -245,11 +242,19 @@ def probe(spec: str) -> None:
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    for _ in range(3):
+    for _ in range(steps):
         v.step()
     done.set()
     sampler.join()
-    print(peak[0] - base)
+    return peak[0] - base
+
+
+def probe(spec: str) -> None:
+    """The --probe child: peak RSS during 3 steps above the RSS after a warm-up step, in MiB."""
+    cfg, variant = spec.split(":")
+    v = make(cfg, variant)
+    v.step()
+    print(rss_during_steps(v))
 
 
 def make(cfg: str, variant: str) -> Variant:
