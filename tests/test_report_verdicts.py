@@ -41,7 +41,8 @@ def synth(
     """A run directory as `tiecli train` writes one: final whole-split val loss `loss`; curve: [(step, in-training val
     loss)], tokens = step x TOKENS_PER_STEP; diag: gradient statistics on every logged row after step 0; agreement:
     (step 0, last) in/out agreement dicts, geometry at both steps (None: no geometry); train, test: whole-split losses
-    added to eval.json; train_eval: train_eval_loss on the last row; setting: {"train": {...}} over the defaults."""
+    added to eval.json; train_eval: train_eval_loss on the last row, or a list: on every row of the curve; setting:
+    {"train": {...}} over the defaults."""
     curve = curve or curve_to(loss)
     shape = {"nano": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128}}[
         size
@@ -61,7 +62,8 @@ def synth(
         )
         for step, val in curve
     ]
-    rows[-1].train_eval_loss = train_eval
+    for row, value in zip(rows[::-1], train_eval[::-1] if isinstance(train_eval, list) else [train_eval]):
+        row.train_eval_loss = value
     entries = [geometry(step, mode, a) for step, a in zip((0, curve[-1][0]), agreement)] if agreement else []
     name = f"{size}-{mode}-s{seed}{label}"
     writer = make_run(
@@ -477,6 +479,32 @@ def test_the_gap_falls_back_on_the_training_windows_of_metrics(tmp_path):
     )
     assert claims[("R5/C2 gap", "nano tied")]["interval"]["mean"] == pytest.approx(-0.2)
     assert "val split" in claims[("C6", "nano tied")]["figure"]  # no test evaluation: final numbers on val
+
+
+def test_the_equal_fit_gap_removes_the_gap_of_a_run_that_learned_less(tmp_path):
+    """Both modes trace the same val-vs-train curve (val = train + 0.1 (5 - train)), but tied stops
+    earlier, at train 4.0 against untied's 3.0: its end-of-training gap is smaller (0.1 against 0.2)
+    only because it learned less. Read at equal fit (train 4.0) the difference is 0; a second pair
+    where untied's gap is 0.05 larger at every training loss keeps -0.05 at equal fit."""
+    for seed in range(3):
+        jitter = 0.002 * seed
+        tied_train = [5.0, 4.5 + jitter, 4.0 + jitter]
+        untied_train = [5.0, 4.0 + jitter, 3.0 + jitter]
+        for size, extra in (("nano", 0.0), ("micro", 0.05)):
+            for mode, train in (("tied", tied_train), ("untied", untied_train)):
+                offset = extra if mode == "untied" else 0.0
+                vals = [t + 0.1 * (5 - t) + (offset if t < 5 else 0.0) for t in train]
+                curve = list(zip((0, 10, 20), vals))
+                synth(tmp_path / "runs", mode, seed, vals[-1], size=size, curve=curve, train_eval=train)
+    data, groups, claims = report(tmp_path / "runs")
+    end, fit = claims[("R5/C2 gap", "nano tied")], claims[("R5/C2 gap (equal fit)", "nano tied")]
+    assert end["interval"]["mean"] == pytest.approx(-0.1) and end["verdict"] == "supported"
+    assert fit["interval"]["mean"] == pytest.approx(0.0, abs=1e-9) and "at equal train loss" in fit["measured"]
+    assert fit["verdict"] != "supported"
+    micro = claims[("R5/C2 gap (equal fit)", "micro tied")]
+    assert micro["interval"]["mean"] == pytest.approx(-0.05) and micro["verdict"] == "supported"
+    assert groups["micro tied"]["delta_gap_equal_fit_mean"] == pytest.approx(-0.05)
+    assert "delta gap at equal fit" in (tmp_path / "out" / "report.md").read_text()
 
 
 # --- --select -----------------------------------------------------------------------------------------------------------

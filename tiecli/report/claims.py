@@ -74,6 +74,10 @@ CLAIM_RULES = {
     "untying gains).",
     "R5/C2 gap": "per seed, tied gap - untied gap, gap = val loss - train loss (eval.json's val and train when present, else "
     "the last metrics.jsonl row with val_loss and train_eval_loss); claimed below 0 (tying regularises), SESOI ppl.",
+    "R5/C2 gap (equal fit)": "the same difference read where both runs of a seed fitted the training split equally well, to "
+    "break the confound that a model which learned less has less to overfit: per seed, each run's in-training val - train "
+    "loss (metrics.jsonl's fixed windows) where its train_eval_loss first falls to the higher of the two runs' final "
+    "train_eval_loss, linear between evaluations; claimed below 0, SESOI ppl.",
 }
 TEXTS = {
     "R2": "the vocabulary matrix is the largest single tensor, so tying saves a large share of parameters",
@@ -89,6 +93,7 @@ TEXTS = {
     "R5/C6": "tying helps small models, less so large ones",
     "R5": "with lots of data untying wins: the tied-vs-untied gap rises with tokens seen",
     "R5/C2 gap": "tying regularises: a smaller generalisation gap (val - train loss) than untied",
+    "R5/C2 gap (equal fit)": "tying regularises: a smaller gap than untied at the same training loss",
 }
 ORDER = tuple(TEXTS)  # the rows' order in the table
 
@@ -473,7 +478,8 @@ def non_embedding(group: Group) -> int:
 
 
 def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[Claim]:
-    """Generalisation gap (val - train loss), tied minus untied, paired by seed; below zero."""
+    """Generalisation gap (val - train loss), tied minus untied, paired by seed, at the end of training and
+    at equal fit (Comparison.delta_matched_gap); below zero."""
     rows = []
     for c in pairs:
         values = c.delta(gap)
@@ -488,6 +494,18 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
                     -1,
                     margin,
                     lambda ci, s=sources: f"Δgap {ci_text(ci)} nats (from {s})",
+                )
+            )
+        if matched := c.delta_matched_gap():
+            rows.append(
+                tested(
+                    "R5/C2 gap (equal fit)",
+                    c.group.label,
+                    "generalisation gap table",
+                    matched,
+                    -1,
+                    margin,
+                    lambda ci: f"Δgap {ci_text(ci)} nats at equal train loss (metrics.jsonl)",
                 )
             )
     return rows or [

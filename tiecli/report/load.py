@@ -68,6 +68,7 @@ class Run:
     gap: tuple[float, float, str] | None  # generalisation gap: (val loss, train loss, where both come from)
     flops: float | None  # training FLOPs = FLOPS_PER_PARAM_TOKEN * matmul_params * tokens
     curve: list[tuple[int, int, float]]  # (step, tokens, in-training val loss)
+    fit: list[tuple[float, float]]  # (train_eval_loss, val_loss) of each metrics.jsonl row with both, in step order
     grad: list[tuple[int, float]]  # (step, grad_cos)
     drift: list[tuple[int, float | None, float | None]]  # (step, input drift, output drift; None when tied)
     spectra: tuple[list[float], list[float]] | None  # singular values (input, output) at the last geometry entry
@@ -155,6 +156,11 @@ def load_run(path: Path) -> Run:
             gap=generalisation_gap(evals, metrics),
             flops=training_flops(setting, summary.params["non_embedding"], summary.tokens),
             curve=[(r.step, r.tokens, r.val_loss) for r in metrics if r.val_loss is not None],
+            fit=[
+                (r.train_eval_loss, r.val_loss)
+                for r in metrics
+                if r.val_loss is not None and r.train_eval_loss is not None
+            ],
             grad=[(r.step, cast(float, r.diag["grad_cos"])) for r in metrics if _number(r.diag.get("grad_cos"))],
             drift=[(e.step, e.input.get("drift"), None if e.tied else e.output.get("drift")) for e in entries],
             spectra=(entries[-1].input["singular_values"], entries[-1].output["singular_values"]) if entries else None,

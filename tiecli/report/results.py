@@ -63,7 +63,8 @@ def comparison_columns(c: Comparison | None) -> dict:
     row |= _flat_ci("delta_steps_pct", c.steps if c else None)
     row |= _flat_ci("baseline_steps_to_target", mean_ci(reach(r, c.target)[0] for r in c.base.runs) if c else None)
     row |= _flat_ci("delta_grad_cos", mean_ci(c.delta(lambda r: r.diag.get("grad_cos"))) if c else None)
-    return row | _flat_ci("delta_gap", mean_ci(c.delta(gap)) if c else None)
+    row |= _flat_ci("delta_gap", mean_ci(c.delta(gap)) if c else None)
+    return row | _flat_ci("delta_gap_equal_fit", mean_ci(c.delta_matched_gap()) if c else None)
 
 
 def group_row(g: Group, c: Comparison | None, eq: EqualParams, compute: EqualParams) -> dict:

@@ -133,6 +133,26 @@ def gap(run: Run) -> float | None:
     return run.gap[0] - run.gap[1] if run.gap else None
 
 
+def gap_at(fit: list[tuple[float, float]], level: float) -> float | None:
+    """val - train loss where the in-training train loss first falls to `level`, linear between evaluations."""
+    for (train0, val0), (train1, val1) in zip(fit, fit[1:]):
+        if train1 <= level <= train0 and train1 < train0:
+            f = (train0 - level) / (train0 - train1)
+            return val0 + f * (val1 - val0) - level
+    return None
+
+
+def matched_gap(a: Run, b: Run) -> float | None:
+    """gap(a) - gap(b) at equal fit: both read at the training loss both reach (the higher of their final
+    in-training train losses), so the run that fitted the training split better is read earlier, where it
+    fitted it as well as the other. None without a train_eval_loss curve in both."""
+    if len(a.fit) < 2 or len(b.fit) < 2:
+        return None
+    level = max(a.fit[-1][0], b.fit[-1][0])
+    gap_a, gap_b = gap_at(a.fit, level), gap_at(b.fit, level)
+    return None if gap_a is None or gap_b is None else gap_a - gap_b
+
+
 def run_values(run: Run) -> dict[str, float | None]:
     """The per-run numbers beyond METRICS and the diagnostics: test split, generalisation gap, FLOPs,
     epochs, and the validation split's count-model perplexities (its corpus's, the same for every run on it)."""
@@ -209,6 +229,12 @@ class Comparison:
     def delta(self, value) -> list[float]:
         """value(group run) - value(base run), per seed both have."""
         return [a - b for a, b in paired(self.group, self.base, value)]
+
+    def delta_matched_gap(self) -> list[float]:
+        """matched_gap(group run, base run), per seed both have."""
+        base = {r.seed: r for r in self.base.runs}
+        values = [matched_gap(r, base[r.seed]) for r in self.group.runs if r.seed in base]
+        return [v for v in values if v is not None]
 
     def delta_loss(self, split: str = "val") -> list[float]:
         return self.delta(lambda r: final_loss(r, split))

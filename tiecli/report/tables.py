@@ -125,14 +125,17 @@ def gap_table(groups: list[Group], by_group: dict[str, Comparison], versus: str)
     def row(g):
         c = by_group.get(g.label)
         delta = ci_text(mean_ci(c.delta(gap)), 3) if c else "baseline"
+        matched = ci_text(mean_ci(c.delta_matched_gap()), 3) if c else "baseline"
         sources = ", ".join(sorted({r.gap[2] for r in g.runs if r.gap}))
-        return [g.label, _mean(g.stats["train_loss"], ".4g"), ci_text(g.stats["gap"], 3), delta, sources]
+        return [g.label, _mean(g.stats["train_loss"], ".4g"), ci_text(g.stats["gap"], 3), delta, matched, sources]
 
     return TableSpec(
         "Generalisation gap (claim R5/C2 gap)",
         "gap = val loss - train loss, per run: eval.json's whole val and train splits when present, else the last metrics.jsonl "
-        f"row with val_loss and train_eval_loss (fixed windows of each split); delta gap {versus} (negative: tied generalises better)",
-        ["group", "train loss", "gap [95% CI]", "delta gap [95% CI]", "from"],
+        f"row with val_loss and train_eval_loss (fixed windows of each split); delta gap {versus} (negative: tied generalises better); "
+        "at equal fit: the same delta with both runs of a seed read where their in-training train loss (metrics.jsonl) first falls "
+        "to the higher of their final ones, so neither gap is smaller only because that run learned less",
+        ["group", "train loss", "gap [95% CI]", "delta gap [95% CI]", "delta gap at equal fit [95% CI]", "from"],
         [row(g) for g in groups if g.stats["gap"]],
     )
 
