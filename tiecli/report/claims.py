@@ -56,7 +56,7 @@ CLAIM_RULES = {
     "model, not a counterfactual. Also shown, not judged: the tied runs' mean grad_cos_z (grad_cos_present against its "
     "row-permutation null) and grad_norm_lost_pct (% of the summed gradient's norm lost to cancellation, mean over training).",
     "R3": "untied runs, last geometry entry: related-form contrast of the input matrix minus that of the output matrix "
-    "(contrast = pair cosine - random-pair cosine); claimed above 0, SESOI cos.",
+    "(contrast = pair cosine - the cosine of frequency-matched random pairs); claimed above 0, SESOI cos.",
     "C2/C7": "untied and untied_init runs (tied: one matrix, close by construction): per seed ΔCKA = linear CKA(W_in, W_out) "
     "at the last geometry entry - at step 0. If the tie is what keeps the spaces close, without it they move apart: "
     "claimed below 0, SESOI cka. untied_init starts at CKA 1 and distance |W_in - W_out|/|W_in| 0, so its row says "

@@ -270,7 +270,7 @@ def diagnostics_tables(groups: list[Group], references: Sequence[Reference] = ()
         (
             "Geometry at the last geometry entry, equal architecture (claim R3)",
             GEOMETRY_COLUMNS,
-            "forms contrast = related-form pair cosine - random-pair cosine; CKA and row cosine compare the input and output matrices (untied only)",
+            "forms contrast = related-form pair cosine - the cosine of frequency-matched random pairs; CKA and row cosine compare the input and output matrices (untied only)",
         ),
     )
     ref_note = (
