@@ -232,8 +232,7 @@ class Comparison:
 
     def delta_matched_gap(self) -> list[float]:
         """matched_gap(group run, base run), per seed both have."""
-        base = {r.seed: r for r in self.base.runs}
-        values = [matched_gap(r, base[r.seed]) for r in self.group.runs if r.seed in base]
+        values = (matched_gap(a, b) for a, b in paired(self.group, self.base, lambda r: r))
         return [v for v in values if v is not None]
 
     def delta_loss(self, split: str = "val") -> list[float]:
