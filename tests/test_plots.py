@@ -186,15 +186,18 @@ def test_tied_drift_is_drawn_over_the_untied_lines_in_its_own_style(grid):
     )  # every seed's tied line over every untied one
 
 
-def test_perplexity_against_parameters_needs_two_sizes(grid):
+def test_perplexity_against_parameters_or_tokens_needs_two_points_on_that_axis(grid):
     with pytest.raises(plots.NotDrawn, match="one model size"):
         plots.ppl_vs_params(grid(1))
     images, absent = plots.draw_all(grid(1))
     assert "ppl_vs_params.png" not in images and absent == [
-        ("ppl_vs_params.png: not drawn (one model size: perplexity against parameters needs two or more)")
+        "ppl_vs_params.png: not drawn (one model size: perplexity against parameters needs two or more)",
+        "ppl_vs_tokens.png: not drawn (one token budget: perplexity against tokens seen needs two or more)",
     ]
     images, absent = plots.draw_all(grid(2))
-    assert set(images) == set(plots.FIGURES) and absent == []
+    assert set(images) == set(plots.FIGURES) - {"ppl_vs_tokens.png"} and absent == [
+        "ppl_vs_tokens.png: not drawn (one token budget: perplexity against tokens seen needs two or more)"
+    ]
     assert all(png.startswith(b"\x89PNG") for png in images.values())
 
 

@@ -436,6 +436,32 @@ def test_equal_compute_interpolates_the_baseline_in_log_flops(tmp_path):
     assert "6 x (non-embedding parameters + V x C) x tokens" in data["rules"]["equal compute"]
 
 
+def test_r5_fits_the_penalty_against_tokens_seen_and_draws_that_axis(tmp_path):
+    """tied's penalty 0.3 nats at 10k tokens and 0.1 at 100k: a slope of -0.2 per decade, against R5's claim."""
+    penalty = {10: [0.30, 0.32, 0.28], 100: [0.10, 0.09, 0.11]}
+    for k, deltas in penalty.items():
+        for seed, delta in enumerate(deltas):
+            untied = (3.5 if k == 10 else 3.0) + 0.01 * seed
+            for mode, loss in (("untied", untied), ("tied", untied + delta)):
+                synth(
+                    tmp_path / "runs",
+                    mode,
+                    seed,
+                    loss,
+                    curve=[(0, 5.0), (k, loss)],
+                    setting={"train": {"max_tokens": k * TOKENS_PER_STEP}},
+                    label=f"-{k}k",
+                )
+    _, _, claims = report(tmp_path / "runs")
+    row = claims[("R5", "nano tied train.max_tokens=10000 -> nano tied train.max_tokens=100000")]
+    fit = stats.linregress([4.0] * 3 + [5.0] * 3, penalty[10] + penalty[100])
+    assert row["interval"]["mean"] == pytest.approx(fit.slope) and fit.slope == pytest.approx(-0.2)
+    assert row["figure"] == "ppl_vs_tokens.png (val split)" and row["verdict"] == "contradicted"
+    out = tmp_path / "out"
+    assert (out / "ppl_vs_tokens.png").is_file() and not (out / "ppl_vs_params.png").exists()  # one model size
+    assert "ppl_vs_params.png: not drawn (one model size" in (out / "report.md").read_text()
+
+
 # --- generalisation gap and the test split -------------------------------------------------------------------------
 
 

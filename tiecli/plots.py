@@ -17,6 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS
+
 if TYPE_CHECKING:
     from tiecli.report.groups import Group
 
@@ -102,7 +104,7 @@ def grid(n: int, title: str) -> tuple[Figure, list]:
 
 def png(fig: Figure) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
+    fig.savefig(buffer, format="png", dpi=90)
     return buffer.getvalue()
 
 
@@ -258,28 +260,42 @@ def drift(groups: list["Group"]) -> Figure:
 
 
 def ppl_vs_params(groups: list["Group"]) -> Figure:
-    points = sorted((g for g in groups if g.stats["perplexity"]), key=size_order)
-    sizes = {g.params["non_embedding"] for g in points}
-    if len(sizes) < 2:
-        raise NotDrawn(
-            "one model size: perplexity against parameters needs two or more"
-            if sizes
-            else "no group has a validation perplexity"
-        )
-    series: dict[str, list[Group]] = {}
-    for g in points:
-        series.setdefault(g.series, []).append(g)
-    style = styles(series)
-    fig, (ax,) = grid(
-        1, "Validation perplexity vs non-embedding parameters (mean over seeds; bars: 95% CI, none with one seed)"
+    return ppl_against(
+        groups,
+        lambda g: g.params["non_embedding"],
+        ("model", *SIZE_KEYS),
+        "non-embedding parameters",
+        "one model size: perplexity against parameters needs two or more",
     )
+
+
+def ppl_vs_tokens(groups: list["Group"]) -> Figure:
+    """R5's data axis: each mode's perplexity as the same model sees more tokens (budgets of one setting)."""
+    return ppl_against(
+        groups,
+        lambda g: g.runs[0].tokens,
+        BUDGET_KEYS,
+        "tokens seen",
+        "one token budget: perplexity against tokens seen needs two or more",
+    )
+
+
+def ppl_against(groups: list["Group"], x_of, free: tuple, xlabel: str, one_point: str) -> Figure:
+    """Validation perplexity against x_of(group) on a log axis: one line per setting less the free keys."""
+    series: dict[str, list[Group]] = {}
+    for g in sorted((g for g in groups if g.stats["perplexity"]), key=lambda g: (x_of(g), natural(g.label))):
+        series.setdefault(" ".join(v for k, v in g.parts.items() if k not in free), []).append(g)
+    if not any(len({x_of(g) for g in members}) > 1 for members in series.values()):
+        raise NotDrawn(one_point if series else "no group has a validation perplexity")
+    style = styles(series)
+    fig, (ax,) = grid(1, f"Validation perplexity vs {xlabel} (mean over seeds; bars: 95% CI, none with one seed)")
     for name, members in series.items():
         cis = [g.stats["perplexity"] for g in members]
         y = [ci.mean for ci in cis]
         low = [ci.mean - (ci.low if ci.low is not None else ci.mean) for ci in cis]
         high = [(ci.high if ci.high is not None else ci.mean) - ci.mean for ci in cis]
         ax.errorbar(
-            [g.params["non_embedding"] for g in members],
+            [x_of(g) for g in members],
             y,
             yerr=[low, high],
             color=style[name].colour,
@@ -288,7 +304,7 @@ def ppl_vs_params(groups: list["Group"]) -> Figure:
             label=name,
         )
     ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("validation perplexity")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -328,6 +344,7 @@ def spectra(groups: list["Group"]) -> Figure:
 FIGURES = {
     "val_loss.png": val_loss,
     "ppl_vs_params.png": ppl_vs_params,
+    "ppl_vs_tokens.png": ppl_vs_tokens,
     "grad_cos.png": grad_cos,
     "drift.png": drift,
     "spectra.png": spectra,

@@ -216,6 +216,7 @@ def claims(
         BUDGET_KEYS,
         lambda g: g.runs[0].tokens,
         "R5",
+        "ppl_vs_tokens.png",
         f"{tied} and {untied} runs at two or more values of tokens seen",
     )
     rows += gap_claims(pairs, margin["ppl"], tied, untied)
@@ -443,7 +444,9 @@ def ladders(pairs: list[Comparison], axis: Baseline, free: tuple, x_of) -> list[
     ]
 
 
-def trend_claims(pairs: list[Comparison], axis: Baseline, free: tuple, x_of, claim_id: str, needs: str) -> list[Claim]:
+def trend_claims(
+    pairs: list[Comparison], axis: Baseline, free: tuple, x_of, claim_id: str, figure: str, needs: str
+) -> list[Claim]:
     """Slope of the per-seed Δloss against log10 of the scale, per ladder; above zero."""
     rows = []
     for ladder in ladders(pairs, axis, free, x_of):
@@ -455,7 +458,7 @@ def trend_claims(pairs: list[Comparison], axis: Baseline, free: tuple, x_of, cla
             claim_id,
             TEXTS[claim_id],
             comparison,
-            f"ppl_vs_params.png ({split} split)",
+            f"{figure} ({split} split)",
             f"Δloss {ci_text(fit)} per decade",
             interval=fit,
             direction=+1,
@@ -469,7 +472,7 @@ def trend_claims(pairs: list[Comparison], axis: Baseline, free: tuple, x_of, cla
 
 def size_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Claim]:
     """R5/C6's trend part per ladder of sizes; its smallest-size part is that size's C6 row, one test (see derive)."""
-    rows = trend_claims(pairs, axis, SIZE_KEYS, non_embedding, "R5/C6 (trend)", needs)
+    rows = trend_claims(pairs, axis, SIZE_KEYS, non_embedding, "R5/C6 (trend)", "ppl_vs_params.png", needs)
     return [missing("R5/C6", needs)] if rows[0].verdict.startswith("no data") else rows
 
 

@@ -41,6 +41,7 @@ FOLD_MIN = 8  # on the terminal, a text column is at least this wide (or its hea
 PLOT_TITLES = {
     "val_loss.png": "Validation loss by mode (R6/C3)",
     "ppl_vs_params.png": "Perplexity vs non-embedding parameters (R5/C6)",
+    "ppl_vs_tokens.png": "Perplexity vs tokens seen (R5)",
     "grad_cos.png": "Gradient cosine over training (R4)",
     "drift.png": "Drift from initialisation (descriptive)",
     "spectra.png": "Singular-value spectra of the input and output matrices",
