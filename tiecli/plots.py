@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS
+from tiecli.report.groups import BUDGET_KEYS
 
 if TYPE_CHECKING:
     from tiecli.report.groups import Group
@@ -263,7 +263,7 @@ def ppl_vs_params(groups: list["Group"]) -> Figure:
     return ppl_against(
         groups,
         lambda g: g.params["non_embedding"],
-        ("model", *SIZE_KEYS),
+        lambda g: g.series,
         "non-embedding parameters",
         "one model size: perplexity against parameters needs two or more",
     )
@@ -273,18 +273,18 @@ def ppl_vs_tokens(groups: list["Group"]) -> Figure:
     """R5's data axis: each mode's perplexity as the same model sees more tokens (budgets of one setting)."""
     return ppl_against(
         groups,
-        lambda g: g.runs[0].tokens,
-        BUDGET_KEYS,
+        lambda g: g.tokens,
+        lambda g: " ".join(v for k, v in g.parts.items() if k not in BUDGET_KEYS),  # the label less the budget
         "tokens seen",
         "one token budget: perplexity against tokens seen needs two or more",
     )
 
 
-def ppl_against(groups: list["Group"], x_of, free: tuple, xlabel: str, one_point: str) -> Figure:
-    """Validation perplexity against x_of(group) on a log axis: one line per setting less the free keys."""
+def ppl_against(groups: list["Group"], x_of, series_of, xlabel: str, one_point: str) -> Figure:
+    """Validation perplexity against x_of(group) on a log axis: one line per series_of(group)."""
     series: dict[str, list[Group]] = {}
     for g in sorted((g for g in groups if g.stats["perplexity"]), key=lambda g: (x_of(g), natural(g.label))):
-        series.setdefault(" ".join(v for k, v in g.parts.items() if k not in free), []).append(g)
+        series.setdefault(series_of(g), []).append(g)
     if not any(len({x_of(g) for g in members}) > 1 for members in series.values()):
         raise NotDrawn(one_point if series else "no group has a validation perplexity")
     style = styles(series)

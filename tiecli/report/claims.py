@@ -214,7 +214,7 @@ def claims(
         pairs,
         axis,
         BUDGET_KEYS,
-        lambda g: g.runs[0].tokens,
+        lambda g: g.tokens,
         "R5",
         "ppl_vs_tokens.png",
         f"{tied} and {untied} runs at two or more values of tokens seen",

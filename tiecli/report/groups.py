@@ -50,6 +50,11 @@ class Group:
     def params(self) -> dict[str, int]:
         return self.runs[0].params
 
+    @property
+    def tokens(self) -> int:
+        """Training tokens each run saw (a group's runs share the budget)."""
+        return self.runs[0].tokens
+
 
 def ignored(key: str, setting: dict) -> bool:
     # With a token budget, train.max_steps is never read: steps = ceil(max_tokens / tokens per step).
