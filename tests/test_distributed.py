@@ -5,6 +5,7 @@ subprocess each, so a test can signal or kill one rank; the resume goes through 
 (`tiecli train --nproc 2`). A 2-process run costs 20-30 s here, so the assertions are combined.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -195,3 +196,58 @@ def test_the_batch_line_says_how_the_batch_is_made_only_when_it_is_more_than_one
     )
     assert distributed.batch_line(one, 128) == "batch 16 sequences (2,048 tokens) a step"
     assert distributed.batch_line(accum, 128) == "batch 32 sequences (4,096 tokens) a step = 16 x 2 micro-steps"
+
+
+@dataclasses.dataclass
+class LaunchConfig24:
+    """torch 2.4's LaunchConfig fields: none of signals_to_handle, shutdown_timeout, numa_options, ..."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    logs_specs: object = None
+    run_id: str = ""
+    role: str = "default_role"
+    rdzv_endpoint: str = ""
+    rdzv_backend: str = "etcd"
+    rdzv_configs: dict = dataclasses.field(default_factory=dict)
+    rdzv_timeout: int = -1
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    log_line_prefix_template: str | None = None
+    metrics_cfg: dict = dataclasses.field(default_factory=dict)
+    local_addr: str | None = None
+
+
+def test_torchrun_passes_only_the_launch_config_fields_the_installed_torch_has(monkeypatch):
+    """`tiecli train --nproc` on an older torch (2.4-2.8) whose LaunchConfig lacks the newer fields:
+    it builds the config from what that version takes instead of dying with a TypeError."""
+    import torch.distributed.launcher.api as api
+
+    launched: list = []
+    real_config = api.LaunchConfig
+
+    def elastic_launch(config, entrypoint):
+        return lambda *args: launched.append((config, entrypoint, args))
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun sets it when unset
+    monkeypatch.setattr(api, "LaunchConfig", LaunchConfig24)
+    monkeypatch.setattr(api, "elastic_launch", elastic_launch)
+    assert distributed.torchrun(2, ["train", "seed=1"]) == 0
+    config, entrypoint, args = launched[0]
+    assert isinstance(config, LaunchConfig24) and entrypoint == sys.executable
+    assert (config.nproc_per_node, config.max_nodes, config.rdzv_backend, config.max_restarts) == (2, 1, "c10d", 0)
+    assert args == ("-m", "tiecli", "train", "seed=1")
+
+    # the installed torch's own LaunchConfig keeps every field it has
+    real = distributed.launch_config(real_config, min_nodes=1, max_nodes=1, nproc_per_node=2, nonsense=1)
+    fields = {f.name for f in dataclasses.fields(real_config)}
+    assert isinstance(real, real_config) and real.nproc_per_node == 2
+    if "shutdown_timeout" in fields:
+        assert (
+            distributed.launch_config(
+                real_config, min_nodes=1, max_nodes=1, nproc_per_node=1, shutdown_timeout=7
+            ).shutdown_timeout
+            == 7
+        )

@@ -16,6 +16,7 @@ Rank 0 alone plans the run, writes the run directory and evaluates; the others t
 """
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -65,7 +66,8 @@ def torchrun(nproc: int, args: list[str]) -> int:
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    config = LaunchConfig(
+    config = launch_config(
+        LaunchConfig,
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -84,6 +86,18 @@ def torchrun(nproc: int, args: list[str]) -> int:
         codes = [f.exitcode for _, f in sorted(e.failures.items())]
         return next((c for c in codes if c > 0), 1)
     return 0
+
+
+def launch_config(cls: type, **wanted: Any) -> Any:
+    """cls(**wanted) with only the fields this torch's LaunchConfig has (cls: that dataclass).
+
+    LaunchConfig gains fields across releases: signals_to_handle (SIGUSR2 passed on to the ranks)
+    came in torch 2.9, shutdown_timeout later; torch 2.4-2.8 would raise a TypeError on them. An
+    older torch's agent then handles its own default signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT)
+    and stops the ranks after its own grace period.
+    """
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{key: value for key, value in wanted.items() if key in known})
 
 
 def world_size() -> int:
