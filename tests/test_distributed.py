@@ -6,10 +6,12 @@ subprocess each, so a test can signal or kill one rank; the resume goes through 
 """
 
 import dataclasses
+import importlib.util
 import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -19,7 +21,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tiecli import config, distributed
+from tiecli import config, distributed, model
 from tiecli.cli import app
 from tiecli.config import TrainConfig
 
@@ -251,3 +253,85 @@ def test_torchrun_passes_only_the_launch_config_fields_the_installed_torch_has(m
             ).shutdown_timeout
             == 7
         )
+
+
+def gpu_check():
+    """benchmarks/gpu_check.py as a module (benchmarks/ is not a package)."""
+    path = Path(__file__).parent.parent / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_names_runs_uniquely_and_computes_mfu_from_steady_steps(tmp_path):
+    g = gpu_check()
+    checks = ["gpt2 bf16 compile", "gpt2 bf16 compile, diagnostics off", "torchrun --nproc 1 resume 20+20 vs 40"]
+    names = g.run_names(checks)
+    assert names == [
+        "00-gpt2-bf16-compile",
+        "01-gpt2-bf16-compile-diagnostics-off",
+        "02-torchrun-nproc-1-resume-20-20-vs-40",
+    ]
+    assert len(set(g.run_names(["train model=small", "torchrun model=small"]))) == 2  # the old names collided
+
+    # GPT-2 small: 85,056,000 non-embedding parameters, 855 MFLOP a token (6 x 123.7M + 12 L C T)
+    fpt = g.flops_per_token(12, 768, 1024, 50257, 124_439_808 - 50257 * 768 - 1024 * 768)
+    assert fpt == 6 * (85_056_000 + 50257 * 768) + 12 * 12 * 768 * 1024 == 855_166_464
+    assert g.mfu(fpt, 400_000, 989.0) == pytest.approx(0.3459, abs=1e-4)
+
+    # intervals up to WARM_STEPS hold the compile; the steady rate is the median of the rest
+    metrics = tmp_path / "metrics.jsonl"
+    rates = {10: 300.0, 20: 9000.0, 30: 10_000.0, 40: 10_400.0, 50: 9_800.0}
+    lines = [{"format": 1}, {"step": 0, "tokens": 0}] + [{"step": s, "tokens_per_s": r} for s, r in rates.items()]
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert g.steady_tokens_per_s(metrics) == 10_000.0
+    with pytest.raises(ValueError, match="no tokens/s after step 50"):
+        g.steady_tokens_per_s(metrics, warm_steps=50)
+    # 50 steps of 1,000 tokens took 25 s; at 10,000 tokens/s they would take 5 s: 20 s of compile
+    assert g.compile_seconds(25.0, 50, 1000, 10_000.0) == pytest.approx(20.0)
+    log = "V1201 Recompiling function forward in model.py:600\n    triggered by ...\nRecompiling function step"
+    assert g.recompiles(log) == 2 and g.recompiles("training run\n") == 0
+    assert g.peak_memory_gib({"peak_memory_bytes": 3 * 2**30}) == 3.0
+    assert g.peak_memory_gib({"peak_memory_gib": 2.5}) == 2.5 and g.peak_memory_gib({"step": 1}) is None
+    assert "H100 PCIe" in list(g.PEAK_TFLOPS)[: list(g.PEAK_TFLOPS).index("H100")]  # matched before plain H100
+
+
+@pytest.mark.slow
+def test_gpu_check_reads_its_figures_from_a_real_run(tmp_path):
+    """throughput_row on a CPU run that gpu_check's own tiecli() started: every figure from its files."""
+    g = gpu_check()
+    args = [o for o in RUN if not o.startswith(("train.log_interval", "train.eval_interval", "diag.every"))]
+    args += [f"data.path={tmp_path / 'tiny.txt'}", "train.max_steps=30", "train.log_interval=5", "diag.every=0"]
+    g.tiecli(tmp_path, "00-run", "train", *args, "train.eval_interval=30")
+    row = g.throughput_row("cpu run", tmp_path, "00-run", peak_tflops=1.0)
+    run = tmp_path / "00-run"
+    logged = [r["tokens_per_s"] for r in rows(run).values() if r["step"] > g.WARM_STEPS and "tokens_per_s" in r]
+    assert row["steady_tokens_per_s"] == round(statistics.median(logged)) and len(logged) == 2  # steps 25 and 30
+    assert row["ok"] is False  # not compiled in bf16: the GPU check would fail it
+    assert row["steps"] == 30 and row["recompiles"] == 0 and (tmp_path / "00-run.log").is_file()
+    summary = json.loads((run / "summary.json").read_text())
+    assert row["compile_s"] == pytest.approx(
+        max(0.0, summary["train_time"] - 30 * summary["tokens_per_step"] / row["steady_tokens_per_s"]), abs=0.1
+    )
+
+
+@pytest.mark.slow
+def test_gpu_check_in_process_checks_pass_on_cpu(monkeypatch):
+    """The fused-head and tying-mode checks of gpu_check.py at a small shape on CPU (bf16 autocast, compiled):
+    6 rows a chunk, so 48 rows are traced into the graph (8 chunks) and 96 go through the operator (16)."""
+    g = gpu_check()
+    monkeypatch.setattr(model, "HEAD_CHUNK_ELEMENTS", 6 * 97)
+    monkeypatch.setattr(model, "HEAD_CHUNK_MIN_ROWS", 1)
+    head = g.head_rows("cpu", V=97, C=32, sizes={"traced": 48, "operator": 96})
+    assert [r["check"] for r in head] == [
+        "fused head 48 rows: eager vs F.cross_entropy",
+        "fused head 48 rows: compiled vs eager (traced)",
+        "fused head 96 rows: eager vs F.cross_entropy",
+        "fused head 96 rows: compiled vs eager (operator)",
+    ]
+    assert all(r["ok"] for r in head), head
+    modes = g.mode_rows("cpu", ("model=nano", "tokenizer=bytes", "model.block_size=32"), modes=("hybrid",))
+    assert [r["check"] for r in modes] == ["tying=hybrid compiled step"]
+    assert all(r["ok"] for r in modes), modes
