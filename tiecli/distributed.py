@@ -127,7 +127,7 @@ def process_group() -> Iterator[None]:
         yield
         return
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and local_rank() < torch.cuda.device_count():  # more ranks than GPUs: device() refuses
         torch.cuda.set_device(local_rank())
     timeout = datetime.timedelta(seconds=float(os.environ.get("TIECLI_DIST_TIMEOUT", TIMEOUT_S)))
     try:
@@ -204,10 +204,32 @@ def local_first(build: Callable[[], Any]) -> Any:
 
 
 def device(picked: torch.device) -> torch.device:
-    """One CUDA device per local rank: `cuda` becomes cuda:LOCAL_RANK under torchrun."""
-    if dist.is_initialized() and picked.type == "cuda" and picked.index is None:
-        return torch.device("cuda", local_rank())
-    return picked
+    """One CUDA device per local rank: `cuda` becomes cuda:LOCAL_RANK under torchrun.
+
+    ConfigError, before anything touches the GPU, for what would end in "invalid device ordinal" or
+    put every rank on one GPU: cuda:N past the last GPU, cuda:N under torchrun with several ranks,
+    and more ranks on this machine than it has GPUs."""
+    if picked.type != "cuda":
+        return picked
+    gpus = torch.cuda.device_count()
+    if picked.index is not None and picked.index >= gpus:
+        raise ConfigError(
+            f"device={picked} but this machine has {gpus} GPU(s) (cuda:0 to cuda:{gpus - 1}); use device=cuda"
+        )
+    if not dist.is_initialized():
+        return picked
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
+    if picked.index is not None and ranks_here > 1:
+        raise ConfigError(
+            f"device={picked} under torchrun would put all {ranks_here} ranks on GPU {picked.index}; "
+            "use device=cuda (each rank takes cuda:LOCAL_RANK), and CUDA_VISIBLE_DEVICES to choose the GPUs"
+        )
+    if ranks_here > gpus:
+        raise ConfigError(
+            f"--nproc {ranks_here} but this machine has {gpus} GPU(s); use at most --nproc {gpus}, "
+            "one rank per GPU (or device=cpu)"
+        )
+    return picked if picked.index is not None else torch.device("cuda", local_rank())
 
 
 def wrap(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:

@@ -226,8 +226,7 @@ def restore(s: Setup, ckpt: dict, name: str) -> TrainState:
         rng = distributed.rng_of_rank(ckpt)
         torch.set_rng_state(rng["torch"])
         s.sampler.set_state(rng["sampler"])
-        if s.device.type == "cuda" and "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"])
+        checkpoint.restore_device_rng(rng, s.device)
         state.loss_sum = rng.get("loss_sum", state.loss_sum)  # a rank's own train loss since the last log line
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         reason = (str(e).strip().splitlines() or [""])[0][:160]
@@ -509,9 +508,7 @@ def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc
     state.loss_sum = loss_acc.item()
     if distributed.any_rank(not math.isfinite(state.loss_sum)):
         mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
-    rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state()}
-    if s.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state()
+    rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state(), **checkpoint.device_rng(s.device)}
     ranks = distributed.gather({**rng, "loss_sum": state.loss_sum})
     if run is None or ranks is None:
         return
