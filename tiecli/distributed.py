@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tiecli import launchers
 from tiecli.config import TrainConfig
 from tiecli.errors import ConfigError, TiecliError
 
@@ -65,7 +66,7 @@ def torchrun(nproc: int, args: list[str]) -> int:
     for name in list(logging.Logger.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, launchers.cpu_cores() // nproc)))  # the allocation's cores
     config = launch_config(
         LaunchConfig,
         min_nodes=1,
