@@ -40,7 +40,7 @@ GROUPS = ("model", "tying", "data", "tokenizer", "logger")
 LIST_GROUPS = ("logger",)  # groups of which one picks several files at once (logger=[tensorboard,wandb]), or none
 WANDB_MODES = ("offline", "online", "disabled")
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "fp32", "bf16")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
 COMPILE = ("auto", "true", "false")
 DATA_SPLITS = ("document", "block")
 SEED_LIMIT = 2**63  # torch.manual_seed takes 64 bits, read as signed or unsigned; [0, 2**63) fits both
@@ -622,7 +622,7 @@ class SlurmLauncher:
     signal_delay_s: int
     extra: list[str]
     setup: list[str]
-    nodes: int = 1  # --nodes: one job across this many nodes, one torchrun each, rendezvous on the first
+    nodes: int  # --nodes: one job across this many nodes, one torchrun each, rendezvous on the first
 
 
 @dataclass
