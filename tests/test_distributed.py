@@ -426,3 +426,18 @@ def test_checkpoints_keep_the_cuda_rng_of_the_runs_device_not_the_current_one(mo
         ("set", b"s1", torch.device("cuda", 1)),
     ]
     assert checkpoint.device_rng(torch.device("cpu")) == {}
+
+
+@pytest.mark.slow
+def test_gpu_check_resume_row_passes_under_torchrun_on_cpu(tmp_path, monkeypatch):
+    """gpu_check's --nproc 1 resume check end to end, on CPU (gloo) at a small shape, compile off."""
+    g = gpu_check()
+    given = ("train.checkpoint_interval", "train.warmup_steps", "train.eval", "eval.test", "diag.snapshots")
+    small = [o for o in RUN if not o.startswith(given)]  # RUN's shape, compile=false; the rest as the check has it
+    check = [o for o in g.RESUME if not o.startswith(("model=", "compile="))]
+    monkeypatch.setattr(g, "RESUME", [*small, f"data.path={tmp_path / 'tiny.txt'}", *check])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    row = g.resume_row(tmp_path, {"resume": "02-resume"}, "resume")
+    assert row["ok"] and row["world_size"] == 1, row
+    assert row["max_weight_diff"] == 0.0 and row["bitwise_equal"]  # on CPU the resume is exact
+    assert (tmp_path / "02-resume-resumed.log").read_text().count("resuming 02-resume-resumed from step 20") == 1
