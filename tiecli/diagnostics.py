@@ -27,6 +27,8 @@ the matrices at step 0 and related word forms from a pairs file (the shipped Eng
 by default) or English suffix rules.
 """
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +156,91 @@ def interference(
         mask = present_buckets == i
         stats[f"grad_cos_{name}"] = _cos(rows_in[mask], rows_out[mask]) if mask.any() else None
     return stats
+
+
+# Matched random pairs of the R4 pair null, spread evenly over the related pairs (ceil(N / P) each):
+# with P ~ 600 related pairs the null then adds ~15% to the variance of a share difference.
+N_NULL_PAIRS = 4096
+
+
+@dataclass
+class PairIndex:
+    """Token ids of the R4 pairs, drawn once per run: related forms and their frequency-matched null."""
+
+    forms: torch.Tensor  # (P, 2)
+    null: torch.Tensor  # (N, 2)
+
+
+def pair_index(pairs: list, counts: np.ndarray, seed: int, device: torch.device | str = "cpu") -> PairIndex:
+    """The related pairs whose tokens occur in the training split, and N_NULL_PAIRS frequency-matched
+    random pairs (geometry.related_and_matched_pairs), from a generator seeded with diag.seed."""
+    forms, null = geometry.related_and_matched_pairs(pairs, counts, N_NULL_PAIRS, seed)
+    return PairIndex(*(torch.from_numpy(p).to(device) for p in (forms, null)))
+
+
+def path_matrices(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The matrices gradient_paths' G_in and G_out belong to: the shared wte twice (its shared columns
+    in partial mode), or wte and lm_head."""
+    return (emb.wte, emb.wte) if emb.shared else (emb.wte, emb.lm_head)
+
+
+def _differences(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w[a] - w[b] (M, C) and its norms (M,)."""
+    w_diff = torch.index_select(w, 0, a) - torch.index_select(w, 0, b)
+    return w_diff, w_diff.norm(dim=1)
+
+
+def _projections(g: torch.Tensor, w_diff: torch.Tensor, w_norm: torch.Tensor, a, b) -> tuple:
+    """s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]| and its cosine, per pair; 0 where either difference is 0."""
+    g_diff = torch.index_select(g, 0, a) - torch.index_select(g, 0, b)  # (M, C)
+    s = torch.where(w_norm > 0, (g_diff * w_diff).sum(1) / w_norm.clamp_min(1e-30), 0.0)  # (M,)
+    g_norm = g_diff.norm(dim=1)
+    return s, torch.where(g_norm > 0, s / g_norm.clamp_min(1e-30), 0.0)
+
+
+def _pair_figures(s_in: torch.Tensor, s_out: torch.Tensor, c_in: torch.Tensor, c_out: torch.Tensor, suffix: str):
+    figures: dict[str, torch.Tensor] = {}
+    for path, s, c in (("in", s_in, c_in), ("out", s_out, c_out)):
+        figures |= {
+            f"pair_s_{path}{suffix}": s.mean(),
+            f"pair_cos_{path}{suffix}": c.mean(),
+            f"pair_pull_{path}{suffix}": (s > 0).float().mean(),
+            f"pair_push_{path}{suffix}": (s < 0).float().mean(),
+        }
+    figures[f"pair_opposed{suffix}"] = (s_in * s_out < 0).float().mean()
+    figures[f"pair_claimed{suffix}"] = ((s_in > 0) & (s_out < 0)).float().mean()
+    return figures
+
+
+PAIR_KEYS = tuple(
+    [f"pair_{k}_{p}" for p in ("in", "out") for k in ("s", "cos", "pull", "push")] + ["pair_opposed", "pair_claimed"]
+)
+
+
+@torch.no_grad()
+def pair_gradients(
+    g_in: torch.Tensor, g_out: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, index: PairIndex
+) -> dict:
+    """R4 at the pairs: each path's gradient difference projected on the pair's difference, for the
+    related pairs and (KEY_null) their matched random pairs; see the module docstring. Nulls when the
+    run has no related pair in its vocabulary."""
+    n_forms, n_null = len(index.forms), len(index.null)
+    none = {key + suffix: None for key in PAIR_KEYS for suffix in ("", "_null")}
+    if n_forms == 0:
+        return {"pair_n": 0, "pair_null_n": 0, **none, "pair_claimed_null_sd": None}
+    ids = torch.cat([index.forms, index.null])  # (M, 2): one gather per matrix for both sets
+    a, b = ids[:, 0], ids[:, 1]
+    diff_in = _differences(w_in.detach().float(), a, b)
+    diff_out = diff_in if w_out is w_in else _differences(w_out.detach().float(), a, b)  # tied: one matrix
+    s_in, c_in = _projections(g_in.float(), *diff_in, a, b)
+    s_out, c_out = _projections(g_out.float(), *diff_out, a, b)
+    figures = _pair_figures(s_in[:n_forms], s_out[:n_forms], c_in[:n_forms], c_out[:n_forms], "")
+    figures |= _pair_figures(s_in[n_forms:], s_out[n_forms:], c_in[n_forms:], c_out[n_forms:], "_null")
+    stats = dict(zip(figures, torch.stack(list(figures.values())).tolist()))  # one device sync
+    q = stats["pair_claimed_null"]
+    # the sd of pair_claimed - pair_claimed_null if the related pairs were matched random pairs
+    sd = math.sqrt(q * (1 - q) * (1 / n_forms + 1 / n_null))
+    return {"pair_n": n_forms, "pair_null_n": n_null, **stats, "pair_claimed_null_sd": sd}
 
 
 def pairs_file(name: str) -> Path:
