@@ -2,7 +2,7 @@
 """Measurements taken from a model's token matrices while it trains.
 
 Gradient interference (claim R4, "gradient cancellation"): how the input-path and output-path
-gradients of the token matrices interact.
+gradients of the token matrices interact, over the whole matrix and at related-form pairs.
 
 In a shared matrix W the gradient is G = G_in + G_out: G_in arrives through the embedding lookup
 (non-zero only in rows of tokens present in the batch's inputs), G_out through the logits (every
@@ -20,6 +20,34 @@ G_out the output matrix's: what tying would have summed.
   grad_cos_null_*     mean and sd of grad_cos_present with the present rows of G_out permuted (a null of
                       no row-wise relation), and grad_cos_z = (grad_cos_present - null mean) / null sd
   grad_neg_rows       share of present rows whose own cos(g_in, g_out) is negative
+
+These are global: one cosine over all V x C entries, dominated by frequent rows. The article's
+mechanism lives elsewhere: the output path pushes related forms (walk/walked) apart, the input path
+pulls them together, and on a shared matrix the two cancel along those pairs' directions. So, at
+the pairs (pair_gradients), for each related pair (a, b) of diag.pairs whose tokens occur in the
+training split, and each path:
+
+  s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]|
+
+with w the matrix the path's gradient belongs to (tied: the shared matrix for both paths, its
+shared columns in partial mode; untied: wte for the input path, lm_head for the output path). Under
+SGD the update is -lr g, so s > 0 pulls the pair together and s < 0 pushes it apart (AdamW rescales
+each coordinate, so this reads the gradient's direction, not the exact step). Recorded, for the
+related pairs and, as KEY_null, for frequency-matched random pairs (geometry.matched_random_pairs,
+N_NULL_PAIRS of them, drawn once per run from diag.seed, never from training's RNG):
+
+  pair_s_in/out       mean s: scales with the gradient norm, so it shrinks as training proceeds
+  pair_cos_in/out     mean cos(g[a] - g[b], w[a] - w[b]): the scale-free variant, comparable across steps
+  pair_pull_in/out    share of pairs with s > 0; pair_push_in/out: with s < 0 (a pair neither of whose
+                      tokens is in the step's inputs has no input-path gradient: s = 0, neither)
+  pair_opposed        share with the two paths of opposite signs
+  pair_claimed        share in the article's direction: input pulls (s_in > 0) and output pushes (s_out < 0)
+  pair_n, pair_null_n related and null pairs measured; pair_claimed_null_sd = sqrt(q (1 - q) (1/P + 1/N)),
+                      q = pair_claimed_null: the sd of pair_claimed - pair_claimed_null if the related
+                      pairs behaved like random ones (the report's SESOI is stated against it)
+Every pair_* figure is None when no related pair is in the vocabulary (byte tokens and an English
+pairs file, for one). The report judges the signs' shares, which need no scale; the means are kept
+to show magnitudes.
 
 Geometry (claims R3, C2, C7): tiecli/geometry.py's metrics of the effective input and output
 matrices (what the model actually uses, in partial and hybrid too), with drift measured against
