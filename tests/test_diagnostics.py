@@ -400,3 +400,7 @@ def test_training_records_the_pair_gradients(tmp_path, mode):
         assert r["pair_n"] == 4 and r["pair_null_n"] == 4 * math.ceil(diagnostics.N_NULL_PAIRS / 4)
         assert all(isinstance(r[k + s], float) for k in diagnostics.PAIR_KEYS for s in ("", "_null"))
         assert 0 <= r["pair_claimed"] <= 1 and r["pair_claimed_null_sd"] > 0
+    if mode == "tied":  # the null's draw touches no RNG of training: the same weights with the statistics off
+        run(tmp_path, "off", "tying=tied", "diag.every=0", f"diag.pairs={tmp_path / 'pairs.tsv'}")
+        a, b = (torch.load(tmp_path / n / rundir.CHECKPOINT, weights_only=True)["model"] for n in ("r", "off"))
+        assert all(torch.equal(a[k], b[k]) for k in a)
