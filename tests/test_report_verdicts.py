@@ -1,8 +1,8 @@
 """The rules that turn measurements into verdicts, each on synthetic run directories (written through
 rundir.RunWriter) whose right answer is known by construction: R4 against the untied cosine, R4 (pairs)
-against its matched null, C2/C7 on in/out agreement, log-perplexity differences, Holm correction and SESOI verdicts, the per-pair
-convergence target, R5/C6 in two parts, equal parameters and equal compute, the generalisation gap
-and the test split, and --select."""
+against its matched null, C2/C7 on in/out agreement, log-perplexity differences, Holm correction and
+SESOI verdicts, the per-pair convergence target, R5/C6 in two parts, equal parameters and equal
+compute, the generalisation gap and the test split, and --select."""
 
 import math
 import statistics
