@@ -140,7 +140,8 @@ def prepare(config: Config) -> Setup:
     # compiles too. The gradient split is part of that graph (model.py: _Fork), so diagnostics
     # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
     forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
-    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if config.diag.geometry else ([], {})
+    wants_pairs = config.diag.geometry or config.diag.every > 0  # R3's geometry and R4's pair gradients
+    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
     return Setup(
         config,
         device,
@@ -350,6 +351,7 @@ def fit(
     max_steps, model, optimizer = c.max_steps, s.model, s.optimizer
     emb0 = checkpoint.load_embeddings(run.path / rundir.INIT_CHECKPOINT, c.model, run.path.name) if run else None
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
+    pair_index = diagnostics.pair_index(s.pairs, s.corpus.counts, d.seed, s.device) if d.every > 0 else None
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
     if fresh and run:  # a checkpoint at step 0 (stopped before the first step) already has these
         log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
@@ -365,7 +367,7 @@ def fit(
             group["lr"] = lr * group["lr_scale"]
         diag_now = d.every > 0 and (state.step + 1) % d.every == 0
         present = micro_steps(s, loss_acc, diag_now)
-        diag = grad_stats(s, present, buckets_t, state.step)
+        diag = grad_stats(s, present, buckets_t, state.step, pair_index)
         model.emb.clear_split_grads()
         if s.scaler:  # fp16: clip the true gradients; a step whose gradients overflowed is skipped
             s.scaler.unscale_(optimizer)
@@ -402,15 +404,20 @@ def fit(
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved, continue with --resume")
 
 
-def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int) -> dict:
-    """Gradient interference of the token matrices (present: the input tokens, None off diag steps).
-    Before clipping: the statistics describe the raw gradients that tying would sum."""
+def grad_stats(
+    s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int, pairs: diagnostics.PairIndex | None
+) -> dict:
+    """Gradient interference of the token matrices (present: the input tokens, None off diag steps), and
+    at the related-form pairs. Before clipping: the statistics describe the raw gradients that tying would sum."""
     if present is None:
         return {}
-    g_in, g_out, present = diagnostics.across_ranks(s.model.emb, *diagnostics.gradient_paths(s.model.emb), present)
+    emb = s.model.emb
+    g_in, g_out, present = diagnostics.across_ranks(emb, *diagnostics.gradient_paths(emb), present)
     if s.scaler:  # fp16: the gradients are still multiplied by the loss scale
         g_in, g_out = g_in / s.scaler.get_scale(), g_out / s.scaler.get_scale()
-    return diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
+    stats = diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
+    assert pairs is not None  # fit draws them whenever diag.every > 0, which present requires
+    return stats | diagnostics.pair_gradients(g_in, g_out, *diagnostics.path_matrices(emb), pairs)
 
 
 def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
