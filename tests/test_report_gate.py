@@ -81,7 +81,10 @@ def test_two_seeds_on_the_plateau_at_one_untuned_lr_withhold_every_verdict_and_s
     assert shown[("C1", "nano tied")] == claims[("C1", "nano tied")]["verdict"]  # exact counts: never labelled
     md_r4 = next(line for line in md.splitlines() if line.startswith("| R4 | nano tied |"))
     assert "| withheld: supported |" in md_r4 and "| supported |" not in md_r4
-    assert "nano tied at 1.00x the unigram perplexity (> 0.5x: on the plateau)" in md_r4
+    assert (
+        "| withheld: nano tied at 1.00x the unigram perplexity (> 0.5x: on the plateau); 2 seeds (< 3); "
+        f"train.lr 0.003 untuned. Rule: {r4['why']}" in md_r4.replace("\\|", "|")
+    )
     conditions = [c["found"] + ": " + c["fix"] for c in data["labels"]["conditions"]]
     assert conditions == [
         "not off the unigram plateau: nano tied 1.00x the unigram perplexity (verdicts need at most 0.5x): train longer than 20 steps (train.max_steps) until the runs leave it",

@@ -51,16 +51,6 @@ class Condition:
     def label(self) -> str:
         return WITHHELD if self.kind == "plateau" else PILOT
 
-    def text(self) -> str:
-        """What fired, for the row it labels."""
-        if self.kind == "plateau":
-            return f"{self.group} at {self.ratio:.2f}x the unigram perplexity (> {PLATEAU_FRACTION:g}x: on the plateau)"
-        if self.kind == "baselines":
-            return f"{self.group}: no unigram baseline in summary.json, plateau unknown"
-        if self.kind == "seeds":
-            return f"{self.group}: {seeds_text(self.seeds)}"
-        return f"{self.group}: train.lr {rate(self.lr)} untuned"
-
 
 def rate(value) -> str:
     return f"{value:g}" if isinstance(value, int | float) else str(value)
@@ -122,8 +112,28 @@ def label(row: Claim, found: list[Condition]) -> Claim:
     if not found or row.claim in EXACT or row.verdict.startswith("no data"):
         return row
     kind = WITHHELD if any(c.label == WITHHELD for c in found) else PILOT
-    reasons = "; ".join(dict.fromkeys(c.text() for c in sorted(found, key=lambda c: KINDS.index(c.kind))))
-    return dataclasses.replace(row, verdict=f"{kind}: {row.verdict}", why=f"{kind}: {reasons}. Rule: {row.why}")
+    return dataclasses.replace(row, verdict=f"{kind}: {row.verdict}", why=f"{kind}: {reasons(found)}. Rule: {row.why}")
+
+
+def reasons(found: list[Condition]) -> str:
+    """The conditions behind one row, shortly, plateau first: "nano tied at 1.00x the unigram perplexity (> 0.5x);
+    2 seeds; train.lr 0.003 untuned"."""
+    out = []
+    for kind in KINDS:
+        hits = [c for c in found if c.kind == kind]
+        if not hits:
+            continue
+        if kind == "plateau":
+            at = ", ".join(f"{c.group} at {c.ratio:.2f}x" for c in hits)
+            out.append(f"{at} the unigram perplexity (> {PLATEAU_FRACTION:g}x: on the plateau)")
+        elif kind == "baselines":
+            out.append("no unigram baseline in summary.json, plateau unknown")
+        elif kind == "seeds":
+            counts = sorted({len(c.seeds) for c in hits})
+            out.append(f"{'-'.join(map(str, dict.fromkeys([counts[0], counts[-1]])))} seeds (< {MIN_SEEDS})")
+        else:
+            out.append(f"train.lr {', '.join(dict.fromkeys(rate(c.lr) for c in hits))} untuned")
+    return "; ".join(out)
 
 
 def label_rows(

@@ -98,6 +98,8 @@ def reached(groups: list[Group]) -> str:
         return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
 
     modes = dict.fromkeys(g.mode for g in groups)
+    if not any(g.stats.get("unigram_perplexity") for g in groups):
+        return "How far the runs got: unknown (no count-model baselines in summary.json: runs made before tiecli 0.1)."
     parts = [
         f"{m} {multiple(m, 'unigram_perplexity')} unigram, {multiple(m, 'bigram_perplexity')} bigram" for m in modes
     ]
