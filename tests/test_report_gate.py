@@ -129,6 +129,8 @@ def test_three_seeds_off_the_plateau_with_each_lr_selected_give_plain_verdicts(t
     assert len(claim_lines) > 10 and not any("| pilot:" in line or "| withheld:" in line for line in claim_lines)
     assert "pilot:" not in output and "withheld:" not in output
     assert "Verdicts: every group off the unigram plateau (at most 0.5x), 3+ seeds, each learning rate selected" in md
+    assert "; train.lr chosen by --select: 0.003 (nano tied), 0.003 (nano untied); 2 groups." in md
+    assert "12 runs in 2 groups (2 more not selected), 0 skipped" in " ".join(output.split())
     # without --select the same runs compare each mode at each lr, none chosen: pilot, naming both rates
     _, _, data, _ = report(tmp_path / "runs")
     assert data["labels"]["label"] == "pilot"

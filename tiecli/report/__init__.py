@@ -102,20 +102,17 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
     compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
     claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select)
-    found = gate.conditions(groups, candidates, options.select)
-    shown = gate.label_rows(claim_rows, groups, found, options.select)
-    top = headline.lines(groups, shown, found, comparisons, options.select)
+    found, shown, top = labelled(groups, candidates, claim_rows, comparisons, options.select)
     added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
     specs = render.build_tables(groups, comparisons, equal, shown, skipped, baseline, added, references)
-    for renderable in render.terminal(top, shown, specs, skipped, str(out / "report.md")):
-        console.print(renderable)
-
     rules = stated_rules(baseline, sesoi, options)
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
         f"baseline {baseline}; sources: {', '.join(map(str, paths))}"
     )
+    for renderable in render.terminal(top, shown, specs, skipped, header, str(out / "report.md")):
+        console.print(renderable)
     images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
     rows = results.result_rows(groups, comparisons, equal, compute)
     write(
@@ -133,8 +130,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
             claim_rows,
             skipped,
             {
-                "headline": top,
-                "labels": labels(shown, found),
+                **labels(top, shown, found),
                 "sesoi": sesoi,
                 "target_loss": options.target_loss,
                 "select": list(options.select),
@@ -147,13 +143,23 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     return out
 
 
-def labels(shown: list[claims.Claim], found: dict[str, list[gate.Condition]]) -> dict:
-    """results.json's labels: the strongest one, each condition that fired with its fix, each row's verdict as shown
-    (the claims keep the verdicts their rules computed)."""
+def labelled(groups, candidates, claim_rows, comparisons, select: tuple[str, ...]):
+    """The gate's conditions per group, the claims as shown (labelled pilot or withheld), and the headline."""
+    found = gate.conditions(groups, candidates, select)
+    shown = gate.label_rows(claim_rows, groups, found, select)
+    return found, shown, headline.lines(groups, shown, found, comparisons, select)
+
+
+def labels(top: list[str], shown: list[claims.Claim], found: dict[str, list[gate.Condition]]) -> dict:
+    """results.json's headline and labels: the strongest label, each condition that fired with its fix, each
+    row's verdict as shown (the claims keep the verdicts their rules computed)."""
     return {
-        "label": gate.strongest(found),
-        "conditions": [{"found": what, "fix": fix} for what, fix in gate.summary(found)],
-        "shown": [{"claim": c.claim, "comparison": c.comparison, "verdict": c.verdict} for c in shown],
+        "headline": top,
+        "labels": {
+            "label": gate.strongest(found),
+            "conditions": [{"found": what, "fix": fix} for what, fix in gate.summary(found)],
+            "shown": [{"claim": c.claim, "comparison": c.comparison, "verdict": c.verdict} for c in shown],
+        },
     }
 
 

@@ -20,15 +20,20 @@ def lines(
 ) -> list[str]:
     """rows: the claims table, labelled (gate.label_rows); comparisons: against the report's --baseline,
     the main difference when there is no tied vs untied pair."""
-    return [compared(groups), *difference(groups, rows, comparisons, free), reached(groups), *verdicts(rows, found)]
+    return [
+        compared(groups, free),
+        *difference(groups, rows, comparisons, free),
+        reached(groups),
+        *verdicts(rows, found),
+    ]
 
 
 def _listed(values) -> str:
     return ", ".join(map(str, dict.fromkeys(values)))
 
 
-def compared(groups: list[Group]) -> str:
-    """Modes, sizes, budgets, corpus and seeds, and any other key the groups differ in."""
+def compared(groups: list[Group], free: tuple[str, ...] = ()) -> str:
+    """Modes, sizes, budgets, corpus and seeds, any other key the groups differ in, and what --select chose."""
     budgets = []
     for g in groups:
         epochs = g.stats.get("epochs")
@@ -43,6 +48,10 @@ def compared(groups: list[Group]) -> str:
         f"Compared: {' vs '.join(dict.fromkeys(g.mode for g in groups))}; model {_listed(g.choices.get('model') for g in groups)}; "
         f"{_listed(budgets)}; {_listed(corpus_label(g.runs[0]) for g in groups)}; seeds {_listed(seeds)} ({per_group} per group)"
         + (f"; also differing: {_listed(other)}" if other else "")
+        + "".join(
+            f"; {key} chosen by --select: " + ", ".join(f"{g.setting.get(key)} ({g.label})" for g in groups)
+            for key in free
+        )
         + f"; {len(groups)} groups."
     )
 

@@ -477,9 +477,12 @@ def short_verdict(row: Claim) -> list[str]:
     return [row.verdict, row.measured]
 
 
-def terminal(headline: list[str], claim_rows: list[Claim], specs: list[TableSpec], skipped: list[Skipped], page: str):
+def terminal(
+    headline: list[str], claim_rows: list[Claim], specs: list[TableSpec], skipped: list[Skipped], header: str, page: str
+):
     """What `tiecli report` prints: the headline, the short claims table, the warnings, one line per run
-    left out, and where the full tables are (page: report.md's path). Yields rich renderables."""
+    left out, the header (runs, groups, sources) and where the full tables are (page: report.md's path).
+    Yields rich renderables."""
     for line in headline:
         yield Text(line)
     yield Text("")
@@ -487,6 +490,7 @@ def terminal(headline: list[str], claim_rows: list[Claim], specs: list[TableSpec
     yield from (rich_table(s) for s in specs if s.title == "Warnings")
     for s in skipped:
         yield Text(f"skipped {s.path}: {s.reason}")
+    yield Text(header)
     yield Text(f"every table, the figures and the rules: {page}")
 
 
