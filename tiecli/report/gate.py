@@ -31,7 +31,8 @@ RULE = (
     f"a verdict is withheld (shown as 'withheld: VERDICT', what the rule computed) when a group it reads is above "
     f"{PLATEAU_FRACTION:g}x its corpus's unigram perplexity (not off the unigram plateau), and labelled 'pilot: VERDICT' "
     f"when a group has fewer than {MIN_SEEDS} seeds, no unigram baseline in summary.json, or a learning rate not "
-    "selected by --select over a train.lr grid; R2 and C1 (exact counts) are never labelled"
+    "chosen by --select over two or more values of a learning-rate key (train.lr, train.lr_embedding, train.lr_output); "
+    "R2 and C1 (exact counts) and rows without data are never labelled"
 )
 
 

@@ -24,7 +24,7 @@ def lines(
         compared(groups, free),
         *difference(groups, rows, comparisons, free),
         reached(groups),
-        *verdicts(rows, found),
+        *verdicts(found),
     ]
 
 
@@ -115,7 +115,7 @@ def reached(groups: list[Group]) -> str:
     return f"How far the runs got (validation perplexity over the count models', Context tables): {'; '.join(parts)}."
 
 
-def verdicts(rows: list[Claim], found: dict[str, list[gate.Condition]]) -> list[str]:
+def verdicts(found: dict[str, list[gate.Condition]]) -> list[str]:
     """Whether the verdicts can be read: each condition that fired, with its fix; or that none did."""
     kind = gate.strongest(found)
     if kind is None:
@@ -124,6 +124,8 @@ def verdicts(rows: list[Claim], found: dict[str, list[gate.Condition]]) -> list[
             "each learning rate selected with --select."
         ]
     shown = (
-        "withheld: each shows what its rule computed, and decides nothing" if kind == gate.WITHHELD else "pilot only"
+        "withheld: each shows what its rule computed, and decides nothing"
+        if kind == gate.WITHHELD
+        else "pilot only: each shows what its rule computed, to be confirmed"
     )
     return [f"Verdicts {shown}, because:", *(f"{BULLET}{found}: {fix}." for found, fix in gate.summary(found))]
