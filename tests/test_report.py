@@ -567,6 +567,9 @@ def test_completed_runs_with_nan_or_infinite_losses_are_left_out_each_on_one_nam
     }
     for path, reason in reasons.items():  # one line each on the terminal, naming the run and why
         assert [line for line in result.output.splitlines() if path in line] == [f"skipped {path}: {reason}"]
+    listed = table_rows(tiecli("runs", diverged).output)
+    assert listed["nano-tied-s3"][1] == "completed, val loss not finite: left out of reports"
+    assert listed["nano-tied-s3"][5] == "nan"
 
 
 def test_a_second_run_of_a_seed_is_skipped_not_averaged(sweep):
