@@ -5,6 +5,7 @@ A run that cannot be used raises `Skip` with a one-line reason (the run's name l
 report shows it next to the path).
 """
 
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -144,6 +145,8 @@ def load_run(path: Path) -> Run:
         raise Skip(reason(e, reader.name)) from None
     if not final:
         raise Skip("no final validation metrics (eval.json val or summary.json final_val)")
+    if bad := not_finite(final, evals, metrics):
+        raise Skip(f"losses are NaN or infinite: {bad}")
     try:
         setting = rundir.flatten(config)
         return Run(
@@ -178,6 +181,23 @@ def load_run(path: Path) -> Run:
         )
     except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None
+
+
+def not_finite(final: dict, evals: dict[str, rundir.EvalResult], metrics: list[rundir.MetricsRow]) -> str | None:
+    """Which of a completed run's losses are NaN or infinite (the whole-split ones, and the first
+    metrics.jsonl row with one), or None: a diverged run would turn every mean and interval into NaN."""
+    whole = {"val": final.get("loss")} | {split: e.loss for split, e in evals.items() if split != "val"}
+    bad = [f"{split} loss {value}" for split, value in whole.items() if not _finite(value)]
+    for row in metrics:
+        values = {"loss": row.loss, "val_loss": row.val_loss, "train_eval_loss": row.train_eval_loss}
+        if named := [f"{k} {v}" for k, v in values.items() if v is not None and not _finite(v)]:
+            bad.append(f"{', '.join(named)} from step {row.step} (metrics.jsonl)")
+            break
+    return "; ".join(bad) or None
+
+
+def _finite(value) -> bool:
+    return _number(value) and math.isfinite(value)
 
 
 def generalisation_gap(
