@@ -92,26 +92,30 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     runs, groups, skipped, twins = load_groups(paths)
     if axis != DEFAULT_BASELINE:
         axis.check(groups)
+    # before --select: the divergence row reads every learning rate, and the scope every run
+    grid = claims.outcomes(groups, [s.diverged for s in skipped if s.diverged])
+    scope = results.scope([r for g in groups for r in g.runs])
     groups, dropped = select(groups, options.select)
     axis = dataclasses.replace(axis, free=options.select)
     comparisons = stats.compare(groups, axis, options.target_loss)
     prepare(groups, comparisons, axis)
     equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
     compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
-    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select)
+    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid)
     added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
     specs = render.build_tables(groups, comparisons, equal, claim_rows, skipped, baseline, added, references)
     for spec in specs:
         console.print(render.rich_table(spec))
+    console.print(results.scope_text(scope), highlight=False)
 
     rules = stated_rules(baseline, sesoi, options)
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
-        f"baseline {baseline}; sources: {', '.join(map(str, paths))}"
+        f"baseline {baseline}; sources: {', '.join(map(str, paths))}; {results.scope_text(scope)}"
     )
     images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
-    rows = results.result_rows(groups, comparisons, equal, compute)
+    rows = results.result_rows(groups, comparisons, equal, compute) + results.divergence_rows(claims.grid_pairs(grid))
     write(
         out,
         {
@@ -131,6 +135,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
                 "target_loss": options.target_loss,
                 "select": list(options.select),
                 "multiple_comparisons": "holm",
+                "scope": scope,
                 "not_selected": [dataclasses.asdict(d) for d in dropped],
             },
         ),
