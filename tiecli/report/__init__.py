@@ -201,7 +201,7 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "tied or not; the input lookup is not); the baseline's loss linear in log FLOPs across its sizes and token "
         "budgets, with the same bracket and non-monotone rules",
         "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values())
-        + " (--sesoi ppl=, cos=, cka=)",
+        + " (--sesoi ppl=, cos=, cka=, drift=, gnorm=, spikes=)",
         "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
         "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
         "verdict": claims.VERDICT_RULE,
