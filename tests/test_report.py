@@ -413,6 +413,11 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
             ),
             ("C2/C7", f"{size} untied"): ([cka_end(s) - 0.2 for s in range(3)], -1, margin["cka"]),
             ("R6", f"{size} tied"): (pct(steps["tied"], steps["untied"]), +1, None),
+            ("C2/C7 drift", f"{size} tied"): (
+                [math.log(drifts(size, "tied", s)[0] / drifts(size, "untied", s)[0]) for s in range(3)],
+                -1,
+                math.log(1.1),
+            ),
         }
     for key, (values, direction, sesoi) in expected.items():
         row = claims[key]

@@ -207,7 +207,7 @@ def test_r4_pairs_without_pair_statistics_has_no_data(tmp_path):
 
 def test_c2_c7_reads_in_out_agreement_without_a_tie_not_drift(tmp_path):
     """untied_init starts identical (CKA 1, distance 0) and moves apart: supported; untied starts unrelated and comes
-    together: contradicted. The tied matrix drifts less than the untied ones, which no verdict reads any more."""
+    together: contradicted. The tied matrix drifts less than the untied ones: that is C2/C7 drift's row, not these."""
     for seed in range(3):
         synth(
             tmp_path / "runs",
@@ -240,10 +240,10 @@ def test_c2_c7_reads_in_out_agreement_without_a_tie_not_drift(tmp_path):
     assert groups["nano untied_init"]["distance_mean"] == pytest.approx(0.51) and groups["nano untied"][
         "knn_overlap_mean"
     ] == pytest.approx(0.2)
-    assert (
-        groups["nano tied"]["drift_input_mean"] < groups["nano untied"]["drift_input_mean"]
-    )  # shown, but judged nowhere
-    assert not [c for c in data["claims"] if "drift" in c["measured"] or c["claim"] == "C2"]
+    assert groups["nano tied"]["drift_input_mean"] < groups["nano untied"]["drift_input_mean"]
+    # drift is judged in its own row (C2/C7 drift, tested below), never in the agreement rows
+    assert not [c for c in data["claims"] if c["claim"] == "C2/C7" and "drift" in c["measured"]]
+    assert claims[("C2/C7 drift", "nano tied")]["verdict"] == "supported"  # 0.1 against 0.9 at every seed
     assert "Input/output agreement without a tie" in (tmp_path / "out" / "report.md").read_text()
 
 
@@ -302,7 +302,7 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
         assert c6[lr]["p"] == pytest.approx(stats.ttest_1samp(delta, 0).pvalue)
         assert c6[lr]["p_equiv"] == pytest.approx(tost(delta, LOG_1PCT))
     tested = [c for c in data["claims"] if c["p"] is not None and c["claim"] != "C3"]  # C3 re-reads R6's test
-    assert len(tested) == 8  # C6 and R6 at each of the four pairs
+    assert len(tested) == 9  # C6 and R6 at each of the four pairs, and the divergence row across the four rates
     assert [c["p_holm"] for c in tested] == pytest.approx(holm([c["p"] for c in tested]))
     equivalence = [c for c in tested if c["p_equiv"] is not None]
     assert [c["p_equiv_holm"] for c in equivalence] == pytest.approx(holm([c["p_equiv"] for c in equivalence]))
@@ -318,7 +318,8 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
     )
     assert c6[0.003]["verdict"] == "inconclusive"
     assert c6[0.004]["verdict"] == "equivalent" and c6[0.004]["p_equiv_holm"] < 0.05
-    assert data["sesoi"] == {"ppl": 1.0, "cos": 0.05, "cka": 0.05} and data["multiple_comparisons"] == "holm"
+    assert data["sesoi"] == {"ppl": 1.0, "cos": 0.05, "cka": 0.05, "drift": 10.0, "gnorm": 10.0, "spikes": 1.0}
+    assert data["multiple_comparisons"] == "holm"
     assert (
         "1% ppl" in data["rules"]["smallest effect of interest (SESOI)"]
         and "0.05 cos" in data["rules"]["smallest effect of interest (SESOI)"]
@@ -330,13 +331,13 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
 def test_the_sesoi_is_settable_and_checked(tmp_path):
     holm_grid(tmp_path / "runs")
     data, _, claims = report(tmp_path / "runs", "--sesoi", "ppl=0.1", "--sesoi", "cka=0.1")
-    assert data["sesoi"] == {"ppl": 0.1, "cos": 0.05, "cka": 0.1}
+    assert data["sesoi"] == {"ppl": 0.1, "cos": 0.05, "cka": 0.1, "drift": 10.0, "gnorm": 10.0, "spikes": 1.0}
     assert claims[("C6", "nano tied train.lr=0.002")]["sesoi"] == pytest.approx(math.log(1.001))
     assert claims[("C6", "nano tied train.lr=0.002")]["verdict"] == "supported"  # 0.2% ppl is an effect of interest now
     assert claims[("C6", "nano tied train.lr=0.004")]["verdict"] == "inconclusive"  # +-0.25% is not within +-0.1%
     assert "0.1% ppl" in (tmp_path / "out" / "report.md").read_text()
     for bad, message in (
-        ("foo=1", "error: --sesoi 'foo=1': unknown key 'foo'; valid keys: ppl, cos, cka"),
+        ("foo=1", "error: --sesoi 'foo=1': unknown key 'foo'; valid keys: ppl, cos, cka, drift, gnorm, spikes"),
         ("ppl=x", "error: --sesoi 'ppl=x' must be KEY=NUMBER with a number >= 0, e.g. ppl=1"),
         ("cos=-1", "error: --sesoi 'cos=-1' must be KEY=NUMBER with a number >= 0, e.g. ppl=1"),
     ):

@@ -322,6 +322,7 @@ def train(
             summary = run.reader.summary()
             summary.status, summary.error, summary.started = "running", None, now()
             summary.max_steps = config.max_steps
+            summary.threads = torch.get_num_threads()  # what this session trains with (OMP_NUM_THREADS, --jobs)
             run.summary(summary)
             try:
                 with TrainProgress(

@@ -95,13 +95,16 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     if axis != DEFAULT_BASELINE:
         axis.check(groups)
     candidates = groups  # before --select: gate reads whether a learning rate was chosen from a grid
+    # before --select: the divergence row reads every learning rate, and the scope every run
+    grid = claims.outcomes(groups, [s.diverged for s in skipped if s.diverged])
+    scope = results.scope([r for g in groups for r in g.runs])
     groups, dropped = select(groups, options.select)
     axis = dataclasses.replace(axis, free=options.select)
     comparisons = stats.compare(groups, axis, options.target_loss)
     prepare(groups, comparisons, axis)
     equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
     compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
-    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select)
+    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid)
     found, shown, top = labelled(groups, candidates, claim_rows, comparisons, options.select)
     added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
@@ -109,12 +112,12 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     rules = stated_rules(baseline, sesoi, options)
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
-        f"baseline {baseline}; sources: {', '.join(map(str, paths))}"
+        f"baseline {baseline}; sources: {', '.join(map(str, paths))}; {results.scope_text(scope)}"
     )
     for renderable in render.terminal(top, shown, specs, skipped, header, str(out / "report.md")):
         console.print(renderable)
     images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
-    rows = results.result_rows(groups, comparisons, equal, compute)
+    rows = results.result_rows(groups, comparisons, equal, compute) + results.divergence_rows(claims.grid_pairs(grid))
     write(
         out,
         {
@@ -135,6 +138,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
                 "target_loss": options.target_loss,
                 "select": list(options.select),
                 "multiple_comparisons": "holm",
+                "scope": scope,
                 "not_selected": [dataclasses.asdict(d) for d in dropped],
             },
         ),
@@ -220,7 +224,7 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "tied or not; the input lookup is not); the baseline's loss linear in log FLOPs across its sizes and token "
         "budgets, with the same bracket and non-monotone rules",
         "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values())
-        + " (--sesoi ppl=, cos=, cka=)",
+        + " (--sesoi ppl=, cos=, cka=, drift=, gnorm=, spikes=)",
         "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
         "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
         "verdict": claims.VERDICT_RULE,

@@ -8,22 +8,35 @@ applies, an equivalence p-value against +-SESOI; both are Holm-adjusted across t
 (judge), and the verdict reads the adjusted values."""
 
 import dataclasses
+import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from scipy import stats as scipy_stats
+
 from tiecli.errors import TiecliError
-from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group
+from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group, ignored
+from tiecli.report.load import DivergedRun
 from tiecli.report.stats import (
     ALPHA,
+    EARLY_FRACTION,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
     Comparison,
     Interval,
     ci_text,
     compare,
+    diverged,
+    divergence_threshold,
     gap,
+    grad_norm_jitter,
     holm,
+    loss_spikes,
     mean_ci,
     pair_excess,
+    paired,
     ppl_change,
     slope,
     t_tests,
@@ -32,8 +45,9 @@ from tiecli.report.stats import (
 # C1's own range for the share tying saves: the hypothesis under test, not an expected result.
 C1_CLAIMED_SHARE = (0.15, 0.30)
 # Smallest effects of interest (--sesoi KEY=VALUE): ppl in % of perplexity (|Δloss| < log(1 + ppl/100)),
-# cos for cosines and their differences (R4 Δcos, R3 contrast), cka for linear CKA (C2/C7).
-SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05}
+# cos for cosines and their differences (R4 Δcos, R3 contrast), cka for linear CKA (C2/C7); drift and gnorm in % of
+# a tied/untied ratio (C2/C7 drift, C2 stability (grad norm)), spikes in loss spikes per run (C2 stability (spikes)).
+SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05, "drift": 10.0, "gnorm": 10.0, "spikes": 1.0}
 # R4 (pairs): the smallest excess share of related pairs in the claimed opposition that matters (see its rule)
 R4_PAIRS_SESOI = 0.02
 UNTIED_INIT = "untied_init"
@@ -77,8 +91,8 @@ CLAIM_RULES = {
     "C2/C7": "untied and untied_init runs (tied: one matrix, close by construction): per seed ΔCKA = linear CKA(W_in, W_out) "
     "at the last geometry entry - at step 0. If the tie is what keeps the spaces close, without it they move apart: "
     "claimed below 0, SESOI cka. untied_init starts at CKA 1 and distance |W_in - W_out|/|W_in| 0, so its row says "
-    "whether identical spaces stay close with no tie. Drift from each matrix's own init is shown (dynamics "
-    "table, drift.png) but not judged: under Adam every matrix with a gradient each step drifts about as far.",
+    "whether identical spaces stay close with no tie. Drift from each matrix's own init is judged in its own row, "
+    "C2/C7 drift.",
     "R6/C3": "steps to the pair's convergence target, tied vs untied, paired by seed, in % of the untied steps; no SESOI. "
     "R6 claims above 0 (untied faster), C3 below 0 (tied faster): one test, counted once, read both ways.",
     "C6": "per seed Δloss = tied - untied final loss (log perplexity; the test split when every run of the pair has one, "
@@ -95,6 +109,29 @@ CLAIM_RULES = {
     "break the confound that a model which learned less has less to overfit: per seed, each run's in-training val - train "
     "loss (metrics.jsonl's fixed windows) where its train_eval_loss first falls to the higher of the two runs' final "
     "train_eval_loss, linear between evaluations; claimed below 0, SESOI ppl.",
+    "C2/C7 drift": "per seed, log(drift of the tied run's shared matrix / drift of the untied run's input matrix wte), same "
+    "size and seed; drift = |W - W0|_F / |W0|_F over the rows of tokens seen in training, at the last geometry entry; "
+    "t-interval, shown as the ratio exp(.) with the bounds transformed alike. Article C says tying reduces drift: claimed "
+    "below 0, SESOI drift (10% by default: under Adam a matrix's drift grows roughly in proportion to its learning rate, "
+    "so a smaller difference is less than a tenth of what one step of a learning-rate grid, a factor of 2-3, makes). "
+    "Mechanism to read it by: the tied matrix gets the output path's gradient at every row every step, the untied input "
+    "matrix only at the rows of tokens in the batch; untied's output matrix's drift is shown alongside.",
+    "C2 stability (spikes)": f"per seed, tied - untied number of loss spikes over the run; a spike: a logged train loss "
+    f"(metrics.jsonl, the mean since the previous log line) above {SPIKE_FACTOR:g} x the median of the up to "
+    f"{SPIKE_WINDOW} logged losses before it, from the fourth logged loss on. Article C says tying stabilises training: "
+    "claimed below 0, SESOI spikes (1 per run by default: a smaller mean difference is less than one rare event a run).",
+    "C2 stability (grad norm)": "per seed, log(tied / untied gradient-norm jitter); jitter = the sd of the changes in log "
+    "grad_norm (metrics.jsonl: the global norm before clipping, at each logged step) between consecutive logged steps over "
+    f"the first {EARLY_FRACTION:.0%} of the run's steps, where article C places the instability. Scale-free and blind to "
+    "the norm's smooth early trend, which a variance or coefficient of variation over the falling curve would measure "
+    "instead. Claimed below 0, SESOI gnorm (10% by default, the same relative margin as drift: no published scale exists).",
+    "C2 stability (divergence)": "across a learning-rate grid: every tied and untied run of the report, --select's "
+    "unselected ones included, paired by every other setting and the seed. Diverged: the run stopped on a non-finite "
+    "training loss (status failed, train's Diverged error) or ended with a validation loss at or above the unigram loss "
+    "of the validation split (log of the count model's perplexity; without it, the step-0 validation loss). Per pair "
+    "d = diverged tied - diverged untied, so the mean is the difference of the divergence rates; exact McNemar test "
+    "(two-sided binomial test on the discordant pairs); claimed below 0 (tied diverges less); no SESOI. Needs pairs at "
+    "two or more train.lr values; with fewer than 6 discordant pairs no result can reach 0.05: inconclusive.",
 }
 TEXTS = {
     "R2": "the vocabulary matrix is the largest single tensor, so tying saves a large share of parameters",
@@ -113,6 +150,10 @@ TEXTS = {
     "R5": "with lots of data untying wins: the tied-vs-untied gap rises with tokens seen",
     "R5/C2 gap": "tying regularises: a smaller generalisation gap (val - train loss) than untied",
     "R5/C2 gap (equal fit)": "tying regularises: a smaller gap than untied at the same training loss",
+    "C2/C7 drift": "tying reduces embedding drift: the input token matrix moves less from its initialisation",
+    "C2 stability (spikes)": "tying stabilises training: fewer loss spikes",
+    "C2 stability (grad norm)": "tying stabilises early training: a steadier gradient norm",
+    "C2 stability (divergence)": "tying stabilises training: fewer runs diverge at high learning rates",
 }
 ORDER = tuple(TEXTS)  # the rows' order in the table
 
@@ -163,6 +204,14 @@ def margins(sesoi: dict[str, float]) -> dict[str, tuple[float, str]]:
         "ppl": (loss, f"{sesoi['ppl']:g}% ppl (|Δloss| {loss:.3g})"),
         "cos": (sesoi["cos"], f"{sesoi['cos']:g} cos"),
         "cka": (sesoi["cka"], f"{sesoi['cka']:g} CKA"),
+        **{
+            key: (
+                math.log1p(sesoi[key] / 100),
+                f"{sesoi[key]:g}% {what} (|log ratio| {math.log1p(sesoi[key] / 100):.3g})",
+            )
+            for key, what in (("drift", "drift"), ("gnorm", "gradient-norm jitter"))
+        },
+        "spikes": (sesoi["spikes"], f"{sesoi['spikes']:g} loss spikes per run"),
     }
 
 
@@ -204,9 +253,11 @@ def claims(
     sesoi: dict[str, float] | None = None,
     target: float | None = None,
     free: tuple[str, ...] = (),
+    grid: Sequence["Outcome"] = (),
 ) -> list[Claim]:
     """The claims table, judged: groups with tying=`tied` against those with tying=`untied` (free: the
-    keys --select chose per group); target: a fixed convergence target (--target-loss)."""
+    keys --select chose per group); target: a fixed convergence target (--target-loss); grid: every run's
+    divergence outcome, --select's unselected runs and diverged runs included (outcomes())."""
     margin = margins(sesoi or SESOI_DEFAULTS)
     axis = Baseline("tying", untied, free)
     pairs = [c for c in compare(groups, axis, target) if c.group.mode == tied]
@@ -239,6 +290,9 @@ def claims(
         f"{tied} and {untied} runs at two or more values of tokens seen",
     )
     rows += gap_claims(pairs, margin["ppl"], tied, untied)
+    rows += drift_claims(pairs, margin["drift"], tied, untied)
+    rows += stability_claims(pairs, margin, tied, untied)
+    rows += divergence_claims(grid, tied, untied)
     return derive(judge(rows))
 
 
@@ -574,5 +628,171 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
             "R5/C2 gap",
             f"{tied} and {untied} runs with a train-split evaluation (eval.json train or "
             "metrics.jsonl train_eval_loss)",
+        )
+    ]
+
+
+# --- C2/C7 drift and C2's stability -----------------------------------------------------------------------
+
+
+def ratio_text(ci: Interval | None) -> str:
+    """A log-ratio interval as the ratio exp(x), every bound transformed alike."""
+    if ci is None:
+        return "-"
+    shown = Interval(ci.n, math.exp(ci.mean), None, *(None if x is None else math.exp(x) for x in (ci.low, ci.high)))
+    return f"{ci_text(shown)} (log ratio {ci_text(ci)})"
+
+
+def log_ratios(c: Comparison, value) -> list[float]:
+    """log(value(tied run) / value(untied run)) per seed both have, both positive."""
+    return [math.log(a / b) for a, b in paired(c.group, c.base, value) if a > 0 and b > 0]
+
+
+def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[Claim]:
+    """C2/C7 drift: the input-side token matrix's relative drift, tied (the shared matrix) over untied (wte)."""
+    rows = []
+    for c in pairs:
+        values = log_ratios(c, lambda r: r.diag.get("drift_input"))
+        if values:
+            tied_in, untied_in, untied_out = (
+                _mean(mean_ci(r.diag.get(key) for r in runs))
+                for runs, key in (
+                    (c.group.runs, "drift_input"),
+                    (c.base.runs, "drift_input"),
+                    (c.base.runs, "drift_output"),
+                )
+            )
+            shown = f"drift {tied} {tied_in}, {untied} input {untied_in} (output {untied_out})"
+            rows.append(
+                tested(
+                    "C2/C7 drift",
+                    c.group.label,
+                    "dynamics table, drift.png",
+                    values,
+                    -1,
+                    margin,
+                    lambda ci, s=shown: f"drift ratio {tied}/{untied} {ratio_text(ci)}; {s}",
+                )
+            )
+    return rows or [
+        missing("C2/C7 drift", f"{tied} and {untied} runs with geometry at step 0 and later (diag.geometry)")
+    ]
+
+
+def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: str) -> list[Claim]:
+    """C2 stability: loss spikes (tied - untied count) and early gradient-norm jitter (log ratio), paired by seed."""
+    rows = []
+    for c in pairs:
+        spikes = c.delta(loss_spikes)
+        if spikes:
+            counts = f"{tied} {_mean(mean_ci(map(loss_spikes, c.group.runs)))}, {untied} {_mean(mean_ci(map(loss_spikes, c.base.runs)))}"
+            rows.append(
+                tested(
+                    "C2 stability (spikes)",
+                    c.group.label,
+                    "dynamics table",
+                    spikes,
+                    -1,
+                    margin["spikes"],
+                    lambda ci, s=counts: f"Δspikes {ci_text(ci)} per run (mean {s})",
+                )
+            )
+        if jitter := log_ratios(c, grad_norm_jitter):
+            rows.append(
+                tested(
+                    "C2 stability (grad norm)",
+                    c.group.label,
+                    "dynamics table",
+                    jitter,
+                    -1,
+                    margin["gnorm"],
+                    lambda ci: f"jitter ratio {tied}/{untied} {ratio_text(ci)}, first {EARLY_FRACTION:.0%} of steps",
+                )
+            )
+    needs = f"{tied} and {untied} runs of the same size with logged train losses and grad_norm (metrics.jsonl)"
+    found = {r.claim for r in rows}
+    return rows + [missing(k, needs) for k in ("C2 stability (spikes)", "C2 stability (grad norm)") if k not in found]
+
+
+@dataclass
+class Outcome:
+    """One run of a learning-rate grid, for C2 stability (divergence): diverged or not, and its pairing unit."""
+
+    unit: str  # every setting but the tying mode (those that differ between the runs), and the seed
+    mode: str
+    lr: float | None
+    name: str
+    diverged: bool
+    why: str
+
+
+def outcomes(groups: list[Group], failed: Sequence[DivergedRun]) -> list[Outcome]:
+    """Every run of the groups (before --select) and every run that stopped on a non-finite loss, with its unit."""
+    runs = [(g.setting, g.mode, r.seed, r.name, diverged(r), _why(r)) for g in groups for r in g.runs]
+    for f in failed:
+        setting = {k: v for k, v in f.setting.items() if k != "seed" and not ignored(k, f.setting)}
+        runs.append((setting, str(f.choices.get("tying")), f.seed, f.name, 1.0, f"non-finite loss by step {f.step}"))
+    axis = Baseline("tying", "")
+    off = [{k: v for k, v in setting.items() if not axis.on_axis(k)} for setting, *_ in runs]
+    keys = sorted(set().union(*off)) if off else []
+    differing = [k for k in keys if len({json.dumps(o.get(k)) for o in off}) > 1]
+    return [
+        Outcome(
+            " ".join([*(f"{k}={o.get(k)}" for k in differing), f"seed={seed}"]),
+            mode,
+            o.get("train.lr"),
+            name,
+            bool(value),
+            why,
+        )
+        for o, (_, mode, seed, name, value, why) in zip(off, runs)
+        if value is not None
+    ]
+
+
+def _why(run) -> str:
+    threshold = divergence_threshold(run)
+    return f"final val loss {run.loss:.4g}" + (f" vs threshold {threshold:.4g}" if threshold is not None else "")
+
+
+def grid_pairs(grid: Sequence[Outcome], tied: str = "tied", untied: str = "untied") -> list[dict[str, Outcome]]:
+    """The units with a tied and an untied run, {mode: outcome}, when they span two or more learning rates; else []."""
+    by_unit: dict[str, dict[str, Outcome]] = {}
+    for o in grid:
+        by_unit.setdefault(o.unit, {})[o.mode] = o
+    units = [{m: u[m] for m in (tied, untied)} for u in by_unit.values() if tied in u and untied in u]
+    return units if len({u[tied].lr for u in units}) > 1 else []
+
+
+def divergence_claims(grid: Sequence[Outcome], tied: str, untied: str) -> list[Claim]:
+    """C2 stability (divergence): paired by unit, d = diverged tied - diverged untied; exact McNemar test."""
+    units = grid_pairs(grid, tied, untied)
+    rates = sorted({lr for u in units if (lr := u[tied].lr) is not None})
+    if len(rates) < 2:
+        return [
+            missing(
+                "C2 stability (divergence)", f"{tied} and {untied} runs at two or more train.lr values (an LR grid)"
+            )
+        ]
+    d = [int(u[tied].diverged) - int(u[untied].diverged) for u in units]
+    tied_only, untied_only = d.count(1), d.count(-1)
+    p = float(scipy_stats.binomtest(tied_only, tied_only + untied_only).pvalue) if tied_only + untied_only else 1.0
+    shares = "; ".join(
+        f"lr {lr:g}: {tied} {sum(u[tied].diverged for u in at)}/{len(at)}, {untied} {sum(u[untied].diverged for u in at)}/{len(at)}"
+        for lr in rates
+        for at in [[u for u in units if u[tied].lr == lr]]
+    )
+    ci = mean_ci(d)
+    return [
+        Claim(
+            "C2 stability (divergence)",
+            TEXTS["C2 stability (divergence)"],
+            f"{len(units)} {tied}/{untied} pairs over train.lr {rates[0]:g}-{rates[-1]:g}",
+            "results.csv divergence rows",
+            f"Δ divergence rate {ci_text(ci)}; diverged {shares}; discordant pairs: {tied} only {tied_only}, "
+            f"{untied} only {untied_only} (exact McNemar)",
+            interval=ci,
+            direction=-1,
+            p=p,
         )
     ]

@@ -8,7 +8,7 @@ report shows it next to the path).
 import math
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard, cast
 
@@ -51,9 +51,22 @@ class Skip(Exception):
 
 
 @dataclass
+class DivergedRun:
+    """A run that stopped on a non-finite training loss (train.Diverged, status failed): what the
+    divergence row of the claims table needs from it."""
+
+    name: str
+    seed: int
+    setting: dict  # the resolved config, flattened
+    choices: dict
+    step: int  # the step it stopped at
+
+
+@dataclass
 class Skipped:
     path: str
     reason: str
+    diverged: DivergedRun | None = None  # set when the run was skipped because its loss diverged
 
 
 @dataclass
@@ -88,6 +101,11 @@ class Run:
     # summary.json's corpus: its key, train_tokens, vocab_size and (since tiecli 0.1) the count-model
     # baselines of the validation split (tiecli/baselines.py)
     corpus: dict | None = None
+    train_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, logged mean train loss)
+    grad_norms: list[tuple[int, float]] = field(default_factory=list)  # (step, global gradient norm before clipping)
+    device: str | None = None  # summary.json's device, dtype (bf16: bf16 autocast) and CPU threads
+    dtype: str | None = None
+    threads: int | None = None  # None: the run predates tiecli recording it
 
     @property
     def epochs(self) -> float | None:
@@ -178,6 +196,11 @@ def load_run(path: Path) -> Run:
             diag=diagnostics(metrics, entries),
             pairs={**entries[-1].pairs, "used": entries[-1].input.get("forms_n_pairs")} if entries else None,
             corpus=summary.corpus,
+            train_losses=[(r.step, r.loss) for r in metrics if _number(r.loss)],
+            grad_norms=[(r.step, r.grad_norm) for r in metrics if _number(r.grad_norm)],
+            device=summary.device,
+            dtype=summary.dtype,
+            threads=summary.threads,
         )
     except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None
@@ -247,11 +270,24 @@ def diagnostics(metrics: list[rundir.MetricsRow], entries: list[rundir.GeometryE
     )
 
 
+def diverged_run(path: Path) -> DivergedRun | None:
+    """The run, when it failed on a non-finite training loss (train.Diverged); else None."""
+    reader = rundir.RunReader(path)
+    try:
+        summary = reader.summary()
+        if summary.status != "failed" or not (summary.error or "").startswith("Diverged"):
+            return None
+        config, choices = reader.config(), reader.overrides()["choices"]
+        return DivergedRun(path.name, config["seed"], rundir.flatten(config), choices, summary.step)
+    except (rundir.FormatError, KeyError):
+        return None
+
+
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[Skipped]]:
     runs, skipped = [], []
     for path in find_run_dirs(paths):
         try:
             runs.append(load_run(path))
         except Skip as e:
-            skipped.append(Skipped(str(path), str(e)))
+            skipped.append(Skipped(str(path), str(e), diverged_run(path)))
     return runs, skipped

@@ -21,7 +21,16 @@ from tiecli.report.gate import RULE as GATE_RULE
 from tiecli.report.groups import Group
 from tiecli.report.load import Run, Skipped
 from tiecli.report.reference import Reference
-from tiecli.report.stats import Comparison, EqualParams, Interval, ci_text, embedding_share
+from tiecli.report.stats import (
+    EARLY_FRACTION,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
+    Comparison,
+    EqualParams,
+    Interval,
+    ci_text,
+    embedding_share,
+)
 
 # Two diagnostics tables, so that each fits a terminal: training dynamics, then end-of-training geometry.
 DYNAMICS_COLUMNS = (
@@ -29,6 +38,8 @@ DYNAMICS_COLUMNS = (
     ("grad_cancel", "grad cancel"),
     ("drift_input", "drift in"),
     ("drift_output", "drift out"),
+    ("loss_spikes", "loss spikes"),
+    ("grad_norm_jitter", "grad-norm jitter"),
 )
 GEOMETRY_COLUMNS = (
     ("anisotropy_input", "anisotropy in"),
@@ -48,7 +59,7 @@ PLOT_TITLES = {
     "ppl_vs_params.png": "Perplexity vs non-embedding parameters (R5/C6)",
     "ppl_vs_tokens.png": "Perplexity vs tokens seen (R5)",
     "grad_cos.png": "Gradient cosine over training (R4)",
-    "drift.png": "Drift from initialisation (descriptive)",
+    "drift.png": "Drift from initialisation (C2/C7 drift)",
     "spectra.png": "Singular-value spectra of the input and output matrices",
 }
 
@@ -268,10 +279,12 @@ def diagnostics_tables(groups: list[Group], references: Sequence[Reference] = ()
     the reference rows of pretrained models."""
     diagnostics = (
         (
-            "Training dynamics at equal architecture (claim R4; drift: descriptive)",
+            "Training dynamics at equal architecture (claims R4, C2/C7 drift, C2 stability)",
             DYNAMICS_COLUMNS,
-            "grad cos, grad cancel: mean over training (metrics.jsonl); drift |W - W0|_F / |W0|_F at the last geometry.json entry, "
-            "not judged (under Adam every matrix with a gradient each step drifts about as far)",
+            "grad cos, grad cancel: mean over training (metrics.jsonl); drift |W - W0|_F / |W0|_F at the last geometry.json entry; "
+            f"loss spikes: logged train losses above {SPIKE_FACTOR:g} x the median of the {SPIKE_WINDOW} before; grad-norm "
+            f"jitter: sd of the changes in log grad_norm between logged steps over the first {EARLY_FRACTION:.0%} of steps "
+            "(rules: claim C2 stability)",
         ),
         (
             "Geometry at the last geometry entry, equal architecture (claim R3)",
