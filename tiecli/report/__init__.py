@@ -52,11 +52,12 @@ def check_out(out: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How the report judges: --select keys, --sesoi values (SESOI_DEFAULTS' units), --target-loss."""
+    """How the report judges: --select keys, --sesoi values (SESOI_DEFAULTS' units), --target-loss, --family."""
 
     select: tuple[str, ...] = ()
     sesoi: tuple[str, ...] = ()
     target_loss: float | None = None
+    families: tuple[str, ...] = ()
 
     def checked(self, axis: Baseline) -> dict[str, float]:
         """The SESOI values; one line for a bad option, before any run is read."""
@@ -87,9 +88,13 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
 
     axis = Baseline.parse(baseline)
     sesoi = options.checked(axis)
+    chosen = claims.family_option(list(options.families))
     out = out or default_out(paths)
     check_out(out)
     runs, groups, skipped, twins = load_groups(paths)
+    families, family_source = (
+        (chosen, "--family") if chosen is not None else claims.declared_families([r.path for r in runs])
+    )
     if axis != DEFAULT_BASELINE:
         axis.check(groups)
     groups, dropped = select(groups, options.select)
@@ -98,14 +103,14 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     prepare(groups, comparisons, axis)
     equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
     compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
-    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select)
+    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select, families=families)
     added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
     specs = render.build_tables(groups, comparisons, equal, claim_rows, skipped, baseline, added, references)
     for spec in specs:
         console.print(render.rich_table(spec))
 
-    rules = stated_rules(baseline, sesoi, options)
+    rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, family_source)
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
         f"baseline {baseline}; sources: {', '.join(map(str, paths))}"
@@ -131,6 +136,8 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
                 "target_loss": options.target_loss,
                 "select": list(options.select),
                 "multiple_comparisons": "holm",
+                "families": claims.family_rows(claim_rows),
+                "family_source": family_source,
                 "not_selected": [dataclasses.asdict(d) for d in dropped],
             },
         ),
@@ -147,6 +154,16 @@ def prepare(groups: list[Group], comparisons: list[stats.Comparison], axis: Base
         g.stats = stats.aggregate(g)
         g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
         g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
+
+
+def family_rules(rows: list[claims.Claim], source: str) -> dict[str, str]:
+    """Which tested rows form which Holm family, for the Rules section (and results.json's rules)."""
+    where = {
+        "default": "default: one family per claim, across the report's sizes, budgets and vocabularies",
+        "--family": "chosen with --family; claims it does not name form one family each",
+    }.get(source, f"{source}; claims it does not name form one family each")
+    listed = "; ".join(f"{name} ({len(tests)}): {', '.join(tests)}" for name, tests in claims.family_rows(rows).items())
+    return {"families": f"{where}. Holm within each: {listed or 'no tested rows'}"}
 
 
 def write(out: Path, files: dict[str, str | bytes], results_json: dict) -> None:
@@ -197,8 +214,9 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "budgets, with the same bracket and non-monotone rules",
         "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values())
         + " (--sesoi ppl=, cos=, cka=)",
-        "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
-        "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
+        "multiple comparisons": "Holm-Bonferroni correction on, within each family of the claims table's tested rows "
+        "(tests against 0 and equivalence tests apart, each at 5% family-wise); verdicts use the adjusted p-values; the "
+        "families are listed under families",
         "verdict": claims.VERDICT_RULE,
         **{f"claim {k}": v for k, v in claims.CLAIM_RULES.items()},
     }
