@@ -743,3 +743,35 @@ def test_r5_judges_only_budgets_that_see_each_token_at_most_once(tmp_path):
     everything = stats.linregress([math.log10(k * 1000) for k in penalty for _ in range(3)], sum(penalty.values(), []))
     assert whole["interval"]["mean"] == pytest.approx(everything.slope) and everything.pvalue < 0.01  # today: judged
     assert "numbers shown descriptively" in whole["why"]
+
+
+# --- the held-out split as a second random factor --------------------------------------------------------------------
+
+
+def test_a_split_seed_that_varies_with_the_seed_is_part_of_the_unit(tmp_path):
+    """data.split_seed = seed (a study's `data.split_seed: ${seed}`): one group per mode, not one per split, and
+    tied pairs with untied by (seed, split_seed); untied's seed 2 held out another split, so it pairs with nothing.
+    A split seed varied on its own (two per seed) still splits the groups, as any other key."""
+    for seed, d in enumerate((-0.05, -0.06, -0.04)):
+        synth(tmp_path / "runs", "untied", seed, 3.0 + 0.1 * seed, split_seed=seed if seed < 2 else 99)
+        synth(tmp_path / "runs", "tied", seed, 3.0 + 0.1 * seed + d, split_seed=seed)
+    data, groups, claims = report(tmp_path / "runs")
+    assert set(groups) == {"nano tied", "nano untied"}
+    assert groups["nano tied"]["split_seeds"] == "0 1 2" and groups["nano untied"]["split_seeds"] == "0 1 99"
+    assert claims[("C6", "nano tied")]["interval"]["n"] == 2  # seed 2: split 2 against split 99, no pair
+    assert claims[("C6", "nano tied")]["interval"]["mean"] == pytest.approx(-0.055)
+    assert data["runs"][0]["split_seed"] in (0, 1, 2, 99)
+    assert data["rules"]["units"].startswith(
+        "seed and held-out split: data.split_seed varies with the seed in every group"
+    )
+    assert "a unit is (seed, data.split_seed)" in (tmp_path / "out" / "report.md").read_text()
+
+    for seed in range(2):  # a second split for the same seeds: a factor of its own
+        for split in (7, 8):
+            synth(tmp_path / "own", "tied", seed, 3.0 + 0.01 * split, split_seed=split, label=f"-split{split}")
+    data, groups, _ = report(tmp_path / "own")
+    assert set(groups) == {"nano tied data.split_seed=7", "nano tied data.split_seed=8"}
+    assert data["rules"]["units"] == (
+        "seed only: each group holds out one fixed split (data.split_seed=7, 8), so intervals leave out the variance of "
+        "which text is held out"
+    )

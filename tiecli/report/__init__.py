@@ -21,7 +21,7 @@ from pathlib import Path
 from tiecli import rundir
 from tiecli.errors import TiecliError
 from tiecli.report import claims, load, reference, render, results, stats, tables
-from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select
+from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select, units
 from tiecli.report.listing import runs_table
 
 __all__ = ["Options", "report", "runs_table"]
@@ -110,7 +110,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     for spec in specs:
         console.print(render.rich_table(spec))
 
-    rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, family_source)
+    rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, family_source) | {"units": units(groups)}
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
         f"baseline {baseline}; sources: {', '.join(map(str, paths))}"
