@@ -710,6 +710,7 @@ def test_r6_reads_tokens_to_a_loss_across_budgets_not_one_schedule(tmp_path):
         interval(log_ratio)
     )
     assert row["p"] == pytest.approx(stats.ttest_1samp(log_ratio, 0).pvalue) and row["verdict"] == "supported"
+    assert row["values"] == pytest.approx(log_ratio)  # the per-unit inputs, in results.json
     top = min(statistics.fmean(losses[m](s, 10) for s in range(3)) for m in losses)
     bottom = max(statistics.fmean(losses[m](s, 80) for s in range(3)) for m in losses)
     assert f"to loss {(top + bottom) / 2:.4g}" in row["measured"] and f"{100 * (1.27 - 1):.3g} %" in row["measured"]

@@ -147,6 +147,7 @@ class Claim:
     p_equiv_holm: float | None = None
     note: str = ""
     family: str = ""  # the Holm family of a tested row (judge)
+    values: list[float] = dataclasses.field(default_factory=list)  # the per-unit values a t-tested row is judged on
 
 
 def parse_sesoi(items: list[str]) -> dict[str, float]:
@@ -200,6 +201,7 @@ def tested(
         p=p,
         p_equiv=p_equiv,
         note=note,
+        values=[v for v in values if v is not None],
     )
 
 
