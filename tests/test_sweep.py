@@ -416,6 +416,8 @@ def test_a_study_gives_its_primary_comparison_more_seeds_and_declares_families(i
     Path("mine/study").mkdir(parents=True)
     Path("mine/study/primary.yaml").write_text(MORE_SEEDS)
     jobs = dry_run("study=primary", "--config-dir", "mine")
+    header = tiecli("sweep", "study=primary", "--config-dir", "mine", "--dry-run", "--no-estimate").output
+    assert header.startswith("sweep 'primary': 14 job(s), model (2) x tying (2) x seed (2) + 6 from add rules")
     seeds = {(j[0], j[1]): [o for o in jobs if o[:2] == j[:2]] for j in jobs}
     assert [len(v) for v in seeds.values()] == [2, 2, 5, 5]
     assert ["model=micro", "tying=tied", "seed=4", "data.split_seed=${seed}", "train.lr=0.006"] in jobs

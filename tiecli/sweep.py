@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -929,6 +930,8 @@ def dry_run_lines(
     """What `--dry-run` prints: each job's run directory, what running it would do, overrides and size; the total;
     for SLURM the #SBATCH lines of the job array; with `timed`, the wall time from steps timed here."""
     axes = " x ".join(f"{k} ({len(v)})" for k, v in manifest.axes.items()) or "no axes"
+    if (manifest.study or {}).get("add"):
+        axes += f" + {len(manifest.jobs) - math.prod(len(v) for v in manifest.axes.values())} from add rules"
     about = f" ({manifest.study['description']})" if manifest.study and manifest.study["description"] else ""
     lines = [f"sweep {manifest.name!r}: {len(manifest.jobs)} job(s), {axes}, in {_shown(sweep_dir)}{about}"]
     sizes, left = [], {}
