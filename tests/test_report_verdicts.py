@@ -713,7 +713,9 @@ def test_r6_reads_tokens_to_a_loss_across_budgets_not_one_schedule(tmp_path):
     assert row["values"] == pytest.approx(log_ratio)  # the per-unit inputs, in results.json
     top = min(statistics.fmean(losses[m](s, 10) for s in range(3)) for m in losses)
     bottom = max(statistics.fmean(losses[m](s, 80) for s in range(3)) for m in losses)
-    assert f"to loss {(top + bottom) / 2:.4g}" in row["measured"] and f"{100 * (1.27 - 1):.3g} %" in row["measured"]
+    assert (
+        f"to loss {(top + bottom) / 2:.4g}: tied" in row["measured"] and f"{100 * (1.27 - 1):.3g} %" in row["measured"]
+    )
     c3 = claims[("C3", ladder)]
     assert c3["p"] == row["p"] and c3["verdict"] == "contradicted" and c3["family"] == "R6"
     assert data["families"]["R6"] == [f"R6: {ladder}"]
@@ -721,7 +723,7 @@ def test_r6_reads_tokens_to_a_loss_across_budgets_not_one_schedule(tmp_path):
     for k in budgets:  # each budget's own steps-to-target reading: shown, never judged
         assert claims[("R6 (schedule-dependent)", f"nano tied train.max_tokens={k * 1000}")]["verdict"] == "descriptive"
     _, _, fixed = report(tmp_path / "runs", "--target-loss", "2.5")
-    assert "to loss 2.5 " in fixed[("R6", ladder)]["measured"]
+    assert "to loss 2.5: tied " in fixed[("R6", ladder)]["measured"]
     assert fixed[("R6", ladder)]["interval"]["mean"] == pytest.approx(statistics.fmean(log_ratio))
 
 

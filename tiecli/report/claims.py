@@ -519,42 +519,37 @@ def convergence_claims(pairs: list[Comparison], axis: Baseline, same_size: str, 
     """R6 (C3 is derived from it), schedule-free: per ladder of token budgets, the per-unit log ratio of the
     tokens tied and untied need to reach a loss, from each budget's end-of-schedule loss; above zero. A pair at
     one budget is not tested. The steps-to-target reading of one schedule is shown per pair, not judged."""
-    rows = [convergence_row(ladder, target) for ladder in ladders(pairs, axis, BUDGET_KEYS, budget)]
-    in_ladder = {id(c) for ladder in ladders(pairs, axis, BUDGET_KEYS, budget) for c in ladder}
+    budgets = ladders(pairs, axis, BUDGET_KEYS, budget)
+    rows = [convergence_row(ladder, target) for ladder in budgets]
+    in_ladder = {id(c) for ladder in budgets for c in ladder}
+    why = "the rule reads end-of-schedule losses across budgets"
     rows += [
-        Claim(
-            "R6",
-            TEXTS["R6"],
-            c.group.label,
-            "-",
-            "-",
-            ONE_BUDGET,
-            "the rule reads end-of-schedule losses across budgets",
-            direction=+1,
-        )
+        Claim("R6", TEXTS["R6"], c.group.label, "-", "-", ONE_BUDGET, why, direction=+1)
         for c in pairs
         if id(c) not in in_ladder
     ]
-    for c in pairs:
-        if values := [100 * (a / b - 1) for a, b in c.steps_pairs() if b]:
-            ci = mean_ci(values)
-            why = "schedule-dependent: steps to the pair's target on one decaying schedule, where the slower mode "
-            rows.append(
-                Claim(
-                    "R6 (schedule-dependent)",
-                    TEXTS["R6 (schedule-dependent)"],
-                    c.group.label,
-                    "convergence table, val_loss.png",
-                    f"Δsteps {ci_text(ci, 3, ' %')}",
-                    "descriptive",
-                    why
-                    + "may cross in the decay tail; not judged, in no family"
-                    + (f"; {c.note()}" if c.note() else ""),
-                    interval=ci,
-                    direction=+1,
-                )
-            )
+    rows += [reading for c in pairs if (reading := schedule_reading(c))]
     return rows or [missing("R6", f"{same_size} at two or more token budgets")]
+
+
+def schedule_reading(c: Comparison) -> Claim | None:
+    """The old R6 reading, steps to the pair's target on one schedule, in % of untied's: shown, never judged."""
+    values = [100 * (a / b - 1) for a, b in c.steps_pairs() if b]
+    if not values:
+        return None
+    ci = mean_ci(values)
+    why = "schedule-dependent: steps to the pair's target on one decaying schedule, where the slower mode may "
+    return Claim(
+        "R6 (schedule-dependent)",
+        TEXTS["R6 (schedule-dependent)"],
+        c.group.label,
+        "convergence table, val_loss.png",
+        f"Δsteps {ci_text(ci, 3, ' %')}",
+        "descriptive",
+        why + "cross in the decay tail; not judged, in no family" + (f"; {c.note()}" if c.note() else ""),
+        interval=ci,
+        direction=+1,
+    )
 
 
 ONE_BUDGET = "not tested: one budget (needs runs at several budgets)"
@@ -589,7 +584,10 @@ def convergence_row(ladder: list[Comparison], fixed: float | None) -> Claim:
         figure,
         values,
         +1,
-        show=lambda ci: f"{ci_text(ppl_change(ci), 3, ' %')} tokens to loss {target:.4g} (log ratio {ci_text(ci)})",
+        show=lambda ci: (
+            f"tokens to loss {target:.4g}: tied {ci_text(ppl_change(ci), 3, ' %')} more than untied "
+            f"(log ratio {ci_text(ci)})"
+        ),
         note=note if len(values) < units else "",
     )
 
