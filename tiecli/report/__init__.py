@@ -1,4 +1,5 @@
-# tiecli report [RUNS_OR_SWEEPS...] [--baseline tying=untied] [--select KEY] [--sesoi KEY=VALUE] [--target-loss X] [--out DIR]
+# tiecli report [RUNS_OR_SWEEPS...] [--baseline tying=untied] [--select KEY] [--sesoi KEY=VALUE] [--target-loss X]
+#   [--family NAME=CLAIMS] [--out DIR]
 #   and   tiecli runs [DIR]
 """From finished run directories to tables, plots and a verdict on each claim of CLAIMS.md.
 
