@@ -66,7 +66,8 @@ def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep)
     assert max(map(len, result.output.splitlines())) <= 80 and "…" not in result.output
     assert result.output.startswith("Compared: tied vs untied; model nano, micro")  # the headline first
     assert header_cells(result.output) == {"claim", "comparison", "verdict", "measured [95% CI]"}
-    assert f"the rules: {sweep / 'report' / 'report.md'}" in " ".join(result.output.split())
+    # rich folds a path longer than a line wherever it must: compare with every line break and space taken out
+    assert f"therules:{sweep / 'report' / 'report.md'}" in "".join(result.output.split())
     cells = table_cells(result.output)
     assert len(cells) > 40
     assert not [lines for lines in cells if crowded(lines)]

@@ -197,7 +197,8 @@ def test_stability_rows_count_spikes_and_read_early_grad_norm_jitter(pairs):
     )
     assert "1.1 x the median" in data["rules"]["claim C2 stability (spikes)"]
     assert "first 20%" in data["rules"]["claim C2 stability (grad norm)"]
-    assert "loss spikes" in output and "grad-norm jitter" in (pairs.parent / "out" / "report.md").read_text()
+    page = (pairs.parent / "out" / "report.md").read_text()  # the terminal shows the short claims table only
+    assert "C2 stability (spikes)" in page and "loss spikes" in page and "grad-norm jitter" in page
 
 
 def test_a_spike_is_above_1_1_times_the_running_median(tmp_path):
@@ -324,7 +325,10 @@ def test_claim_rows_are_recomputed_from_results_csv_alone(pairs):
         assert [r["name"] for r in untied] == [r["baseline_run"] for r in tied]
         by_hand = {
             "C6": [number(t["claims_delta_loss"]) for t in tied],
-            "R6": [100 * (number(t["steps_to_target"]) / number(t["baseline_steps_to_target"]) - 1) for t in tied],
+            # one budget: R6's schedule-free row is not tested, its schedule-dependent reading is shown
+            "R6 (schedule-dependent)": [
+                100 * (number(t["steps_to_target"]) / number(t["baseline_steps_to_target"]) - 1) for t in tied
+            ],
             "R5/C2 gap (equal fit)": [number(t["equal_fit_gap"]) - number(t["baseline_equal_fit_gap"]) for t in tied],
             "C2/C7 drift": [
                 math.log(number(t["drift_input"]) / number(u["drift_input"])) for t, u in zip(tied, untied)

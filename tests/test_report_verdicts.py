@@ -4,6 +4,8 @@ against its matched null, C2/C7 on in/out agreement, log-perplexity differences,
 SESOI verdicts, the per-pair convergence target, R5/C6 in two parts, equal parameters and equal
 compute, the generalisation gap and the test split, and --select."""
 
+import dataclasses
+import json
 import math
 import statistics
 
@@ -37,12 +39,15 @@ def synth(
     train_eval=None,
     setting=None,
     label="",
+    train_tokens=None,
+    split_seed=None,
 ):
     """A run directory as `tiecli train` writes one: final whole-split val loss `loss`; curve: [(step, in-training val
     loss)], tokens = step x TOKENS_PER_STEP; diag: gradient statistics on every logged row after step 0; agreement:
     (step 0, last) in/out agreement dicts, geometry at both steps (None: no geometry); train, test: whole-split losses
     added to eval.json; train_eval: train_eval_loss on the last row, or a list: on every row of the curve; setting:
-    {"train": {...}} over the defaults."""
+    {"train": {...}} over the defaults; train_tokens: the corpus's training-split tokens in summary.json (epochs);
+    split_seed: data.split_seed in the config."""
     curve = curve or curve_to(loss)
     shape = {"nano": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128}}[
         size
@@ -55,6 +60,7 @@ def synth(
         "diag": {"every": 10 if diag else 0},
         "tying": {"mode": mode},
         "tokenizer": {"name": "bytes", "vocab_size": V},
+        **({"data": {"name": "shakespeare", "split_seed": split_seed}} if split_seed is not None else {}),
     }
     rows = [
         rundir.MetricsRow(
@@ -80,6 +86,9 @@ def synth(
     for split, value in (("train", train), ("test", test)):
         if value is not None:
             writer.eval(rundir.EvalResult(split, curve[-1][0], value, math.exp(value), value / 2, 5000, 10000, {}))
+    if train_tokens is not None:
+        summary = rundir.RunReader(root / name).summary()
+        writer.summary(dataclasses.replace(summary, corpus={"key": "test", "train_tokens": train_tokens}))
     writer.close()
 
 
@@ -301,8 +310,8 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
     for lr, delta in deltas.items():
         assert c6[lr]["p"] == pytest.approx(stats.ttest_1samp(delta, 0).pvalue)
         assert c6[lr]["p_equiv"] == pytest.approx(tost(delta, LOG_1PCT))
-    tested = [c for c in data["claims"] if c["p"] is not None and c["claim"] != "C3"]  # C3 re-reads R6's test
-    assert len(tested) == 9  # C6 and R6 at each of the four pairs, and the divergence row across the four rates
+    tested = [c for c in data["claims"] if c["family"] == "C6"]  # the default: one family per claim
+    assert len(tested) == 4 and data["families"]["C6"] == [f"C6: nano tied train.lr={lr}" for lr in deltas]
     assert [c["p_holm"] for c in tested] == pytest.approx(holm([c["p"] for c in tested]))
     equivalence = [c for c in tested if c["p_equiv"] is not None]
     assert [c["p_equiv_holm"] for c in equivalence] == pytest.approx(holm([c["p_equiv"] for c in equivalence]))
@@ -326,6 +335,78 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
     )
     r4 = [c for c in data["claims"] if c["claim"] == "R4"]
     assert [c["verdict"] for c in r4] == ["no data: needs tied runs with gradient statistics (diag.every > 0)"]
+
+
+def family_runs(root, gap_rows):
+    """nano tied vs untied, 3 seeds: Δloss -0.02 +- 0.0062 (raw p 0.031, supported alone); with gap_rows, a train
+    loss in eval.json too, which adds a generalisation-gap test (Δgap +0.05, -0.04, +0.01: p 0.82)."""
+    for seed, (d, g) in enumerate(((-0.0262, 0.05), (-0.02, -0.04), (-0.0138, 0.01))):
+        base = 3.0 + 0.1 * seed
+        train = (lambda val, gap: val - gap) if gap_rows else (lambda val, gap: None)
+        synth(root, "untied", seed, base, train=train(base, 0.3))
+        synth(root, "tied", seed, base + d, train=train(base + d, 0.3 + g))
+
+
+def test_a_c6_verdict_does_not_change_when_unrelated_rows_are_added(tmp_path):
+    """Holm within each family: the C6 row's adjusted p and verdict are the same with and without the gap rows
+    in the report (across all rows, the gap rows' tests would raise C6's Holm p above 0.05)."""
+    family_runs(tmp_path / "alone", gap_rows=False)
+    family_runs(tmp_path / "more", gap_rows=True)
+    data_alone, _, alone = tiecli_report(tmp_path, "alone")
+    data_more, _, more = tiecli_report(tmp_path, "more")
+    c6, c6_more = alone[("C6", "nano tied")], more[("C6", "nano tied")]
+    assert ("R5/C2 gap", "nano tied") in more and ("R5/C2 gap", "nano tied") not in alone
+    tested = [c for c in data_more["claims"] if c["p"] is not None and c["claim"] != "C3"]
+    across = holm([c["p"] for c in tested])[tested.index(c6_more)]
+    assert across > 0.05  # today's rule, Holm across every row: C6 would read inconclusive here
+    assert c6["p_holm"] == c6_more["p_holm"] == pytest.approx(c6["p"]) and c6["p"] < 0.05
+    assert c6["verdict"] == c6_more["verdict"] == "supported" and c6_more["family"] == "C6"
+    assert data_more["families"] == {"C6": ["C6: nano tied"], "R5/C2 gap": ["R5/C2 gap: nano tied"]}
+    assert data_more["family_source"] == "default"
+    rule = data_more["rules"]["families"]
+    assert rule.startswith("default: one family per claim") and "C6 (1): C6: nano tied" in rule
+    assert "Holm within each" in (tmp_path / "more-out" / "report.md").read_text()
+
+
+def tiecli_report(tmp_path, name, *args):
+    result = tiecli("report", tmp_path / name, "--out", tmp_path / f"{name}-out", *args)
+    assert result.exit_code == 0, result.output
+    return results(tmp_path / f"{name}-out")
+
+
+def test_families_declared_by_the_study_reach_the_report_through_sweep_json(tmp_path):
+    """A sweep.json whose study declares {outcome: [C6, R5/C2 gap]}: C6 and the gap row share one Holm family;
+    --family replaces it; two sweeps declaring different families, or a bad --family, are one-line errors."""
+    root = tmp_path / "sweep"
+    family_runs(root, gap_rows=True)
+    manifest = {"name": "s", "study": {"name": "s", "families": {"outcome": ["C6", "R5/C2 gap"]}}, "jobs": []}
+    (root / "sweep.json").write_text(json.dumps(manifest))
+    data, _, claims = tiecli_report(tmp_path, "sweep")
+    c6, gap = claims[("C6", "nano tied")], claims[("R5/C2 gap", "nano tied")]
+    assert c6["family"] == gap["family"] == "outcome"
+    assert [c6["p_holm"], gap["p_holm"]] == pytest.approx(holm([c6["p"], gap["p"]]))
+    assert data["families"]["outcome"] == ["C6: nano tied", "R5/C2 gap: nano tied"]
+    assert data["family_source"] == f"declared in {root}/sweep.json"
+    assert f"declared in {root}/sweep.json" in (tmp_path / "sweep-out" / "report.md").read_text()
+    data, _, claims = tiecli_report(tmp_path, "sweep", "--family", "mine=C6,R6")
+    assert (
+        claims[("C6", "nano tied")]["family"] == "mine" and claims[("R5/C2 gap", "nano tied")]["family"] == "R5/C2 gap"
+    )
+    assert claims[("C6", "nano tied")]["p_holm"] == pytest.approx(claims[("C6", "nano tied")]["p"])
+    assert data["family_source"] == "--family"
+    for bad, message in (
+        ("x", "error: --family 'x' must be NAME=CLAIM[,CLAIM...], e.g. outcome=C6,R6"),
+        ("a=C9", "error: --family: family 'a' names 'C9', not a judged claim; valid claims: R2, C1, R4,"),
+        ("a=C6 --family b=C6", "error: --family: C6 is in two families, 'a' and 'b'; a claim is in one"),
+    ):
+        result = tiecli("report", root, "--out", tmp_path / "bad", *f"--family {bad}".split())
+        assert result.exit_code == 1 and result.output.strip().startswith(message), result.output
+    other = tmp_path / "two" / "other"
+    family_runs(other, gap_rows=False)
+    (other / "sweep.json").write_text(json.dumps({**manifest, "study": {"families": {"speed": ["R6"]}}}))
+    result = tiecli("report", root, other, "--out", tmp_path / "bad")
+    assert result.exit_code == 1 and "the sweeps declare different families" in result.output, result.output
+    assert not (tmp_path / "bad").exists()
 
 
 def test_the_sesoi_is_settable_and_checked(tmp_path):
@@ -385,7 +466,9 @@ def test_the_convergence_target_belongs_to_the_pair(tmp_path):
         assert (g["delta_steps_pct_mean"], g["delta_steps_pct_low"], g["delta_steps_pct_high"]) == pytest.approx(
             interval(delta)
         )
-    assert claims_two[("R6", "nano tied")]["interval"] == claims_three[("R6", "nano tied")]["interval"]
+    reading = ("R6 (schedule-dependent)", "nano tied")
+    assert claims_two[reading]["interval"] == claims_three[reading]["interval"]
+    assert claims_two[reading]["interval"]["mean"] == pytest.approx(statistics.fmean(delta))
     before = min(i for mode in reached for _, i in reached[mode])
     assert before >= 8 and two["nano tied"]["convergence_note"] == ""  # well resolved: no note
     assert three["nano scaled"]["target_loss"] == pytest.approx(
@@ -404,7 +487,11 @@ def test_a_fixed_target_and_a_coarse_one_are_stated(tmp_path):
     assert g["target_loss"] == 3.0 and g["steps_to_target_mean"] == pytest.approx(statistics.fmean(tied))
     assert g["baseline_steps_to_target_mean"] == pytest.approx(untied)
     assert g["convergence_note"] == "only 2 evaluations before the target (< 8): coarse"
-    assert claims[("R6", "nano tied")]["why"].endswith("; only 2 evaluations before the target (< 8): coarse")
+    reading = claims[("R6 (schedule-dependent)", "nano tied")]
+    assert reading["why"].endswith("; only 2 evaluations before the target (< 8): coarse")
+    assert reading["verdict"] == "descriptive" and reading["p"] is None and reading["family"] == ""
+    for claim in ("R6", "C3"):  # one budget: the schedule-free rule has nothing to read
+        assert claims[(claim, "nano tied")]["verdict"] == "not tested: one budget (needs runs at several budgets)"
     _, groups, _ = report(tmp_path / "runs", "--target-loss", "2.2")  # below what the untied runs reach
     assert (
         groups["nano tied"]["convergence_note"] == "3 of 6 runs never reach the target"
@@ -516,6 +603,7 @@ def test_r5_fits_the_penalty_against_tokens_seen_and_draws_that_axis(tmp_path):
                     curve=[(0, 5.0), (k, loss)],
                     setting={"train": {"max_tokens": k * TOKENS_PER_STEP}},
                     label=f"-{k}k",
+                    train_tokens=100_000,  # 0.1 and 1 epochs: every token seen at most once
                 )
     _, _, claims = report(tmp_path / "runs")
     row = claims[("R5", "nano tied train.max_tokens=10000 -> nano tied train.max_tokens=100000")]
@@ -644,3 +732,114 @@ def test_the_synthetic_runs_are_read_as_written(tmp_path):
     reader = rundir.RunReader(tmp_path / "runs" / "nano-tied-s0")
     assert set(reader.evals()) == {"val", "train", "test"} and reader.metrics()[-1].train_eval_loss == 2.95
     assert yaml.safe_load((tmp_path / "runs" / "nano-tied-s0" / "config.yaml").read_text())["train"]["lr"] == 0.01
+
+
+# --- R6/C3 schedule-free: tokens to a loss across budgets; R5's data half on fresh data only --------------------
+
+
+def budget_runs(root, losses, budgets, train_tokens=None):
+    """For each mode and seed, one run per budget (k thousand tokens) ending its own schedule at losses[mode](seed, k)."""
+    for mode, loss_at in losses.items():
+        for seed in range(3):
+            for k in budgets:
+                loss = loss_at(seed, k)
+                synth(
+                    root,
+                    mode,
+                    seed,
+                    loss,
+                    curve=[(0, 5.0), (k // 2, loss + 0.5), (k, loss)],
+                    setting={"train": {"max_tokens": k * TOKENS_PER_STEP}},
+                    label=f"-{k}k",
+                    train_tokens=train_tokens,
+                )
+
+
+def test_r6_reads_tokens_to_a_loss_across_budgets_not_one_schedule(tmp_path):
+    """End-of-schedule loss linear in log tokens; tied's curve is untied's shifted to r = 1.25, 1.27, 1.29 times the
+    tokens (by seed). Read at a loss both curves span, interpolated in log tokens, tied needs exactly r times the
+    tokens: the row's per-seed log ratios are log r. In-training curves (one per budget) play no part."""
+    ratio = [1.25, 1.27, 1.29]
+
+    def untied(seed, k):
+        return 4.0 + 0.01 * seed - 0.4 * math.log(k)
+
+    losses = {"untied": untied, "tied": lambda seed, k: untied(seed, k / ratio[seed])}
+    budgets = (10, 20, 40, 80)
+    budget_runs(tmp_path / "runs", losses, budgets)
+    data, _, claims = report(tmp_path / "runs")
+    ladder = " -> ".join(f"nano tied train.max_tokens={k * 1000}" for k in budgets)
+    row = claims[("R6", ladder)]
+    log_ratio = [math.log(r) for r in ratio]
+    assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(
+        interval(log_ratio)
+    )
+    assert row["p"] == pytest.approx(stats.ttest_1samp(log_ratio, 0).pvalue) and row["verdict"] == "supported"
+    assert row["values"] == pytest.approx(log_ratio)  # the per-unit inputs, in results.json
+    top = min(statistics.fmean(losses[m](s, 10) for s in range(3)) for m in losses)
+    bottom = max(statistics.fmean(losses[m](s, 80) for s in range(3)) for m in losses)
+    assert (
+        f"to loss {(top + bottom) / 2:.4g}: tied" in row["measured"] and f"{100 * (1.27 - 1):.3g} %" in row["measured"]
+    )
+    c3 = claims[("C3", ladder)]
+    assert c3["p"] == row["p"] and c3["verdict"] == "contradicted" and c3["family"] == "R6"
+    assert data["families"]["R6"] == [f"R6: {ladder}"]
+    assert "end-of-schedule" in data["rules"]["claim R6/C3"] and "schedule-free" in data["rules"]["claim R6/C3"]
+    for k in budgets:  # each budget's own steps-to-target reading: shown, never judged
+        assert claims[("R6 (schedule-dependent)", f"nano tied train.max_tokens={k * 1000}")]["verdict"] == "descriptive"
+    _, _, fixed = report(tmp_path / "runs", "--target-loss", "2.5")
+    assert "to loss 2.5: tied " in fixed[("R6", ladder)]["measured"]
+    assert fixed[("R6", ladder)]["interval"]["mean"] == pytest.approx(statistics.fmean(log_ratio))
+
+
+def test_r5_judges_only_budgets_that_see_each_token_at_most_once(tmp_path):
+    """Budgets of 0.5, 1, 2 and 4 epochs: tied's penalty shrinks with repeats (as regularisation predicts) but not
+    across 0.5 -> 1 epoch. The judged row reads the two fresh-data budgets only; the whole ladder is shown, not tested."""
+    penalty = {50: [0.10, 0.11, 0.09], 100: [0.10, 0.09, 0.11], 200: [0.05, 0.06, 0.04], 400: [0.01, 0.0, 0.02]}
+
+    def loss(mode):
+        return lambda seed, k: 4.0 - 0.3 * math.log(k) + 0.01 * seed + (penalty[k][seed] if mode == "tied" else 0.0)
+
+    budget_runs(tmp_path / "runs", {m: loss(m) for m in ("untied", "tied")}, penalty, train_tokens=100_000)
+    _, _, claims = report(tmp_path / "runs")
+    fresh = claims[("R5", "nano tied train.max_tokens=50000 -> nano tied train.max_tokens=100000")]
+    fit = stats.linregress([math.log10(50_000)] * 3 + [5.0] * 3, penalty[50] + penalty[100])
+    assert fresh["interval"]["mean"] == pytest.approx(fit.slope) and fresh["p"] == pytest.approx(fit.pvalue)
+    assert fresh["verdict"] == "inconclusive"  # flat across fresh data
+    whole = claims[("R5", " -> ".join(f"nano tied train.max_tokens={k * 1000}" for k in penalty))]
+    assert whole["verdict"] == "not tested: repeated data (2, 4 epochs)" and whole["p"] is None
+    everything = stats.linregress([math.log10(k * 1000) for k in penalty for _ in range(3)], sum(penalty.values(), []))
+    assert whole["interval"]["mean"] == pytest.approx(everything.slope) and everything.pvalue < 0.01  # today: judged
+    assert "numbers shown descriptively" in whole["why"]
+
+
+# --- the held-out split as a second random factor --------------------------------------------------------------------
+
+
+def test_a_split_seed_that_varies_with_the_seed_is_part_of_the_unit(tmp_path):
+    """data.split_seed = seed (a study's `data.split_seed: ${seed}`): one group per mode, not one per split, and
+    tied pairs with untied by (seed, split_seed); untied's seed 2 held out another split, so it pairs with nothing.
+    A split seed varied on its own (two per seed) still splits the groups, as any other key."""
+    for seed, d in enumerate((-0.05, -0.06, -0.04)):
+        synth(tmp_path / "runs", "untied", seed, 3.0 + 0.1 * seed, split_seed=seed if seed < 2 else 99)
+        synth(tmp_path / "runs", "tied", seed, 3.0 + 0.1 * seed + d, split_seed=seed)
+    data, groups, claims = report(tmp_path / "runs")
+    assert set(groups) == {"nano tied", "nano untied"}
+    assert groups["nano tied"]["split_seeds"] == "0 1 2" and groups["nano untied"]["split_seeds"] == "0 1 99"
+    assert claims[("C6", "nano tied")]["interval"]["n"] == 2  # seed 2: split 2 against split 99, no pair
+    assert claims[("C6", "nano tied")]["interval"]["mean"] == pytest.approx(-0.055)
+    assert data["runs"][0]["split_seed"] in (0, 1, 2, 99)
+    assert data["rules"]["units"].startswith(
+        "seed and held-out split: data.split_seed varies with the seed in every group"
+    )
+    assert "a unit is (seed, data.split_seed)" in (tmp_path / "out" / "report.md").read_text()
+
+    for seed in range(2):  # a second split for the same seeds: a factor of its own
+        for split in (7, 8):
+            synth(tmp_path / "own", "tied", seed, 3.0 + 0.01 * split, split_seed=split, label=f"-split{split}")
+    data, groups, _ = report(tmp_path / "own")
+    assert set(groups) == {"nano tied data.split_seed=7", "nano tied data.split_seed=8"}
+    assert data["rules"]["units"] == (
+        "seed only: each group holds out one fixed split (data.split_seed=7, 8), so intervals leave out the variance of "
+        "which text is held out"
+    )

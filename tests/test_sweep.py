@@ -392,3 +392,49 @@ def test_every_shipped_study_expands_and_documents_itself(isolated, path):
     assert lines[0].startswith(f"# tiecli sweep study={path.stem}")
     undocumented = [line for line in lines if re.match(r"\s*[\w.]+:", line) and "#" not in line]
     assert not undocumented, undocumented
+
+
+MORE_SEEDS = """# tiecli sweep study=primary --config-dir mine
+axes:
+  model: [nano, micro]
+  tying: [untied, tied]
+  seed: [0, 1]
+fixed:
+  data.split_seed: ${seed}
+when:
+  - {match: {tying: tied}, set: {train.lr: 0.006}}
+add:
+  - {match: {model: micro}, axes: {seed: [2, 3, 4]}}
+families:
+  outcome: [C6, R6]
+"""
+
+
+def test_a_study_gives_its_primary_comparison_more_seeds_and_declares_families(isolated):
+    """`add` repeats the jobs that match (micro, both modes) for seeds 2-4, `when` rules applying to them too;
+    `data.split_seed: ${seed}` draws each seed its own held-out split; `families` reaches sweep.json for the report."""
+    Path("mine/study").mkdir(parents=True)
+    Path("mine/study/primary.yaml").write_text(MORE_SEEDS)
+    jobs = dry_run("study=primary", "--config-dir", "mine")
+    header = tiecli("sweep", "study=primary", "--config-dir", "mine", "--dry-run", "--no-estimate").output
+    assert header.startswith("sweep 'primary': 14 job(s), model (2) x tying (2) x seed (2) + 6 from add rules")
+    seeds = {(j[0], j[1]): [o for o in jobs if o[:2] == j[:2]] for j in jobs}
+    assert [len(v) for v in seeds.values()] == [2, 2, 5, 5]
+    assert ["model=micro", "tying=tied", "seed=4", "data.split_seed=${seed}", "train.lr=0.006"] in jobs
+    sweep_dir, manifest, configs = sweep.plan(["study=primary"], Path("mine"), Path("runs"), None)
+    assert {c.seed: c.data.split_seed for c in configs.values()} == {s: s for s in range(5)}
+    assert manifest.study["families"] == {"outcome": ["C6", "R6"]}
+    assert manifest.study["add"] == [{"match": {"model": "micro"}, "axes": {"seed": ["2", "3", "4"]}}]
+    # the command line's seeds replace the study's, and with them the seeds `add` gives
+    assert len(dry_run("study=primary", "seed=7", "--config-dir", "mine")) == 4
+    bad = {
+        "add:\n  - {match: {model: micro}, axes: {lr: [1]}}\n": "add rule 1: adds values to 'lr', which is not an axis",
+        "add:\n  - {match: {size: micro}, axes: {seed: [5]}}\n": "add rule 1: matches 'size', which is not an axis",
+        "add:\n  - {axes: {seed: 5}}\n": "add rule 1: a rule is {match: {axis: value, ...}, axes: {axis: [values], ...}}",
+        "families:\n  a: [C9]\n": "family 'a' names 'C9', not a judged claim; valid claims: R2, C1,",
+        "families:\n  a: [C6]\n  b: [C6]\n": "C6 is in two families, 'a' and 'b'; a claim is in one",
+    }
+    for text, message in bad.items():
+        Path("mine/study/primary.yaml").write_text(MORE_SEEDS.split("add:")[0] + text)
+        one_line_error(tiecli("sweep", "study=primary", "--config-dir", "mine", "--dry-run"), 2, message)
+    assert not Path("runs").exists()

@@ -580,6 +580,14 @@ def report(
             "pair (default: per pair, the higher of the two groups' best losses)",
         ),
     ] = None,
+    family: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--family",
+            help="A Holm family, NAME=CLAIM[,CLAIM...], replacing the families the sweeps declared "
+            "(default: one per claim). Repeatable",
+        ),
+    ] = None,
 ):
     """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 
@@ -591,7 +599,7 @@ def report(
         from tiecli.report import Options
         from tiecli.report import report as write_report
 
-        options = Options(tuple(select or ()), tuple(sesoi or ()), target_loss)
+        options = Options(tuple(select or ()), tuple(sesoi or ()), target_loss, tuple(family or ()))
         write_report(paths or [Path("runs")], baseline, out, console, options)
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -49,7 +50,7 @@ SAFE_NAME = re.compile(f"[{config.NAME_CHARS}]+")
 SAFE_VALUE = re.compile(r"[A-Za-z0-9._]+")  # a value shown as is in a default name: '-' separates them there
 NAME_LENGTH = 40
 BYTES_PER_PARAM = 4  # fp32 weights, also under bf16 autocast
-STUDY_KEYS = ("description", "axes", "fixed", "when")
+STUDY_KEYS = ("description", "axes", "fixed", "when", "add", "families")
 STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "failed": "red", "interrupted": "magenta"}
 ERROR_TAIL_LINES = 5
 
@@ -61,8 +62,9 @@ def now() -> str:
 # --- expanding the overrides into jobs ---------------------------------------------------------
 
 
-def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict]]:
-    """conf/study/NAME.yaml (the first config dir that has it): its description, its command-line overrides and its rules."""
+def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict], dict]:
+    """conf/study/NAME.yaml (the first config dir that has it): its description, its command-line overrides, its
+    `when` rules and the rest the manifest keeps: `add` (more values of an axis for some jobs) and `families`."""
     path = next((d / "study" / f"{name}.yaml" for d in dirs if (d / "study" / f"{name}.yaml").is_file()), None)
     if path is None:
         raise ConfigError(
@@ -78,8 +80,9 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict]]
         or not all(isinstance(study.get(k) or {}, dict) for k in ("axes", "fixed"))
     ):
         raise ConfigError(
-            f"{str(path)!r}: a study is a mapping with description, axes (key: [values]), fixed (key: value) "
-            "and when (a list of {match: {axis: value}, set: {key: value}})"
+            f"{str(path)!r}: a study is a mapping with description, axes (key: [values]), fixed (key: value), "
+            "when (a list of {match: {axis: value}, set: {key: value}}), add (a list of {match: {axis: value}, "
+            "axes: {axis: [values]}}) and families (name: [claim, ...])"
         )
     axes, fixed = study.get("axes") or {}, study.get("fixed") or {}
     lines = [f"{k}={','.join(map(_value, v)) if isinstance(v, list) else _value(v)}" for k, v in axes.items()]
@@ -87,7 +90,57 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict]]
     for line in lines[len(axes) :]:
         if any(o.is_sweep_override() for o in config.parse_overrides([line])):
             raise ConfigError(f"study {name!r}: fixed setting {line!r} has several values; move it under axes")
-    return str(study.get("description") or ""), lines, _rules(name, study.get("when") or [], axes, fixed)
+    extra: dict = {"add": _additions(name, study.get("add") or [], axes)}
+    if study.get("families") is not None:
+        extra["families"] = _families(name, study["families"])
+    return str(study.get("description") or ""), lines, _rules(name, study.get("when") or [], axes, fixed), extra
+
+
+def _families(name: str, spec) -> dict[str, list[str]]:
+    """A study's Holm families, checked against the claims the report judges; sweep.json carries them to the report."""
+    from tiecli.report.claims import parse_families  # scipy, loaded only for a study that declares families
+
+    try:
+        return {k: list(v) for k, v in parse_families(spec, f"study {name!r}").items()}
+    except TiecliError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_match(where: str, match: dict, axes: dict) -> None:
+    """A rule's match names axes of the study, each with one of its values."""
+    for key, value in match.items():
+        values = axes.get(key)
+        if values is None:
+            raise ConfigError(f"{where}: matches {key!r}, which is not an axis; the axes are {', '.join(axes)}")
+        if isinstance(values, list) and value not in map(_value, values):
+            shown = ", ".join(map(_value, values))
+            raise ConfigError(f"{where}: {key}={value} is not one of the axis's values: {shown}")
+
+
+def _additions(name: str, add, axes: dict) -> list[dict]:
+    """A study's `add` rules, checked: each repeats the jobs whose axes take `match`'s values for more values of
+    some axes (more seeds on the primary comparison); `match` may be empty (every job)."""
+    rules = []
+    for i, rule in enumerate(add if isinstance(add, list) else [add], 1):
+        where = f"study {name!r}, add rule {i}"
+        if (
+            not isinstance(rule, dict)
+            or set(rule) - {"match", "axes"}
+            or not isinstance(rule.get("match") or {}, dict)
+            or not isinstance(rule.get("axes"), dict)
+            or not rule["axes"]
+            or not all(isinstance(v, list) and v for v in rule["axes"].values())
+        ):
+            raise ConfigError(f"{where}: a rule is {{match: {{axis: value, ...}}, axes: {{axis: [values], ...}}}}")
+        match = {k: _value(v) for k, v in (rule.get("match") or {}).items()}
+        _check_match(where, match, axes)
+        for key in rule["axes"]:
+            if key not in axes:
+                raise ConfigError(
+                    f"{where}: adds values to {key!r}, which is not an axis; the axes are {', '.join(axes)}"
+                )
+        rules.append({"match": match, "axes": {k: list(map(_value, v)) for k, v in rule["axes"].items()}})
+    return rules
 
 
 def _rules(name: str, when, axes: dict, fixed: dict) -> list[dict]:
@@ -106,13 +159,7 @@ def _rules(name: str, when, axes: dict, fixed: dict) -> list[dict]:
         ):
             raise ConfigError(f"{where}: a rule is {{match: {{axis: value, ...}}, set: {{key: value, ...}}}}")
         match = {k: _value(v) for k, v in rule["match"].items()}
-        for key, value in match.items():
-            values = axes.get(key)
-            if values is None:
-                raise ConfigError(f"{where}: matches {key!r}, which is not an axis; the axes are {', '.join(axes)}")
-            if isinstance(values, list) and value not in map(_value, values):
-                shown = ", ".join(map(_value, values))
-                raise ConfigError(f"{where}: {key}={value} is not one of the axis's values: {shown}")
+        _check_match(where, match, axes)
         settings = [f"{k}={_value(v)}" for k, v in rule["set"].items()]
         for key in rule["set"]:
             if key in axes or key in fixed:
@@ -133,6 +180,27 @@ def apply_rules(combo: list[str], rules: list[dict]) -> list[str]:
     if twice:
         raise ConfigError(f"two when rules set {twice} for the job {' '.join(combo)}; make their matches exclusive")
     return combo + added
+
+
+def combinations(entries: list[tuple[str, list[str]]], add: list[dict]) -> list[tuple[str, ...]]:
+    """The jobs' override lines: the Cartesian product of the entries, in order, then for each `add` rule the
+    product's jobs that match it again with its axes' new values (each job once)."""
+    jobs = list(itertools.product(*(lines for _, lines in entries)))
+    index = {key: i for i, (key, _) in enumerate(entries)}
+    for rule in add:
+        matching = [j for j in jobs[:] if all(_same(dict(_pairs(j)).get(k), v) for k, v in rule["match"].items())]
+        keys = list(rule["axes"])
+        for job, values in itertools.product(matching, itertools.product(*rule["axes"].values())):
+            new = list(job)
+            for key, value in zip(keys, values):
+                new[index[key]] = f"{job[index[key]].split('=', 1)[0]}={value}"
+            if tuple(new) not in jobs:
+                jobs.append(tuple(new))
+    return jobs
+
+
+def _pairs(job) -> list[tuple[str, str]]:
+    return [tuple(line.split("=", 1)) for line in job if "=" in line]  # type: ignore[misc]
 
 
 def _same(given: str | None, wanted: str) -> bool:
@@ -166,7 +234,7 @@ def expand(overrides: list[str], dirs: list[Path]) -> tuple[dict | None, list[tu
     about: dict | None = None
     if study is not None:
         about = {"name": str(study.value())}
-        about["description"], study_lines, rules = load_study(about["name"], dirs)
+        about["description"], study_lines, rules, extra = load_study(about["name"], dirs)
         study_overrides = config.parse_overrides(study_lines)
         config.check_unique(study_overrides, f"in study {about['name']!r}")
         entries = {o.key_or_group: o for o in study_overrides}
@@ -174,6 +242,12 @@ def expand(overrides: list[str], dirs: list[Path]) -> tuple[dict | None, list[tu
         rules = [{**r, "set": [line for line in r["set"] if line.split("=", 1)[0] not in given]} for r in rules]
         if rules:
             about["when"] = [r for r in rules if r["set"]]
+        # an axis given on the command line replaces the study's, and with it the values `add` gives it
+        added = [{**r, "axes": {k: v for k, v in r["axes"].items() if k not in given}} for r in extra["add"]]
+        if any(r["axes"] for r in added):
+            about["add"] = [r for r in added if r["axes"]]
+        if "families" in extra:
+            about["families"] = extra["families"]
     entries.update({o.key_or_group: o for o in parsed if o is not study})
     return about, [(key, _lines(o, dirs)) for key, o in entries.items()]
 
@@ -237,7 +311,7 @@ def plan(
     job_overrides = split_launcher_overrides(overrides)[0]
     study, entries = expand(job_overrides, dirs)
     jobs, configs = [], {}
-    for combo in itertools.product(*(lines for _, lines in entries)):
+    for combo in combinations(entries, (study or {}).get("add", [])):
         job = apply_rules(list(combo), (study or {}).get("when", []))
         cfg, choices = config.compose(job, config_dir)
         job_name = config.run_name(choices, cfg, job)
@@ -856,6 +930,8 @@ def dry_run_lines(
     """What `--dry-run` prints: each job's run directory, what running it would do, overrides and size; the total;
     for SLURM the #SBATCH lines of the job array; with `timed`, the wall time from steps timed here."""
     axes = " x ".join(f"{k} ({len(v)})" for k, v in manifest.axes.items()) or "no axes"
+    if (manifest.study or {}).get("add"):
+        axes += f" + {len(manifest.jobs) - math.prod(len(v) for v in manifest.axes.values())} from add rules"
     about = f" ({manifest.study['description']})" if manifest.study and manifest.study["description"] else ""
     lines = [f"sweep {manifest.name!r}: {len(manifest.jobs)} job(s), {axes}, in {_shown(sweep_dir)}{about}"]
     sizes, left = [], {}

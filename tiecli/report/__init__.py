@@ -1,4 +1,5 @@
-# tiecli report [RUNS_OR_SWEEPS...] [--baseline tying=untied] [--select KEY] [--sesoi KEY=VALUE] [--target-loss X] [--out DIR]
+# tiecli report [RUNS_OR_SWEEPS...] [--baseline tying=untied] [--select KEY] [--sesoi KEY=VALUE] [--target-loss X]
+#   [--family NAME=CLAIMS] [--out DIR]
 #   and   tiecli runs [DIR]
 """From finished run directories to tables, plots and a verdict on each claim of CLAIMS.md.
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from tiecli import rundir
 from tiecli.errors import TiecliError
 from tiecli.report import claims, gate, headline, load, reference, render, results, stats, tables
-from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select
+from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select, units
 from tiecli.report.listing import runs_table
 
 __all__ = ["Options", "report", "runs_table"]
@@ -54,11 +55,12 @@ def check_out(out: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """How the report judges: --select keys, --sesoi values (SESOI_DEFAULTS' units), --target-loss."""
+    """How the report judges: --select keys, --sesoi values (SESOI_DEFAULTS' units), --target-loss, --family."""
 
     select: tuple[str, ...] = ()
     sesoi: tuple[str, ...] = ()
     target_loss: float | None = None
+    families: tuple[str, ...] = ()
 
     def checked(self, axis: Baseline) -> dict[str, float]:
         """The SESOI values; one line for a bad option, before any run is read."""
@@ -89,9 +91,13 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
 
     axis = Baseline.parse(baseline)
     sesoi = options.checked(axis)
+    chosen = claims.family_option(list(options.families))
     out = out or default_out(paths)
     check_out(out)
     runs, groups, skipped, twins = load_groups(paths)
+    families, family_source = (
+        (chosen, "--family") if chosen is not None else claims.declared_families([r.path for r in runs])
+    )
     if axis != DEFAULT_BASELINE:
         axis.check(groups)
     candidates = groups  # before --select: gate reads whether a learning rate was chosen from a grid
@@ -104,12 +110,14 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     prepare(groups, comparisons, axis)
     equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
     compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
-    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid)
+    claim_rows = claims.claims(
+        groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid, families=families
+    )
     found, shown, top = labelled(groups, candidates, claim_rows, comparisons, options.select)
     added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
     specs = render.build_tables(groups, comparisons, equal, shown, skipped, baseline, added, references)
-    rules = stated_rules(baseline, sesoi, options)
+    rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, family_source) | {"units": units(groups)}
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
         f"baseline {baseline}; sources: {', '.join(map(str, paths))}; {results.scope_text(scope)}"
@@ -139,6 +147,8 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
                 "select": list(options.select),
                 "multiple_comparisons": "holm",
                 "scope": scope,
+                "families": claims.family_rows(claim_rows),
+                "family_source": family_source,
                 "not_selected": [dataclasses.asdict(d) for d in dropped],
             },
         ),
@@ -175,6 +185,16 @@ def prepare(groups: list[Group], comparisons: list[stats.Comparison], axis: Base
         g.stats = stats.aggregate(g)
         g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
         g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
+
+
+def family_rules(rows: list[claims.Claim], source: str) -> dict[str, str]:
+    """Which tested rows form which Holm family, for the Rules section (and results.json's rules)."""
+    where = {
+        "default": "default: one family per claim, across the report's sizes, budgets and vocabularies",
+        "--family": "chosen with --family; claims it does not name form one family each",
+    }.get(source, f"{source}; claims it does not name form one family each")
+    listed = "; ".join(f"{name} ({len(tests)}): {', '.join(tests)}" for name, tests in claims.family_rows(rows).items())
+    return {"families": f"{where}. Holm within each: {listed or 'no tested rows'}"}
 
 
 def write(out: Path, files: dict[str, str | bytes], results_json: dict) -> None:
@@ -225,8 +245,9 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "budgets, with the same bracket and non-monotone rules",
         "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values())
         + " (--sesoi ppl=, cos=, cka=, drift=, gnorm=, spikes=)",
-        "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
-        "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
+        "multiple comparisons": "Holm-Bonferroni correction on, within each family of the claims table's tested rows "
+        "(tests against 0 and equivalence tests apart, each at 5% family-wise); verdicts use the adjusted p-values; the "
+        "families are listed under families",
         "verdict": claims.VERDICT_RULE,
         "verdict labels": gate.RULE,
         **{f"claim {k}": v for k, v in claims.CLAIM_RULES.items()},

@@ -4,18 +4,20 @@ architecture, whatever --baseline the other tables use. The modes are parameters
 any two tying modes can be compared by the same rules.
 
 Every tested row has a p-value against 0 and, where a smallest effect size of interest (SESOI)
-applies, an equivalence p-value against +-SESOI; both are Holm-adjusted across the report's rows
-(judge), and the verdict reads the adjusted values."""
+applies, an equivalence p-value against +-SESOI; both are Holm-adjusted within the row's family
+(judge: a study's declared families, by default one per claim), and the verdict reads the adjusted values."""
 
 import dataclasses
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import cast
 
 from scipy import stats as scipy_stats
 
+from tiecli import rundir
 from tiecli.errors import TiecliError
 from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group, ignored
 from tiecli.report.load import DivergedRun
@@ -26,6 +28,8 @@ from tiecli.report.stats import (
     SPIKE_WINDOW,
     Comparison,
     Interval,
+    budget_target,
+    budget_tokens,
     ci_text,
     compare,
     diverged,
@@ -51,15 +55,20 @@ SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05, "drift": 10.0, "gnorm": 
 # R4 (pairs): the smallest excess share of related pairs in the claimed opposition that matters (see its rule)
 R4_PAIRS_SESOI = 0.02
 UNTIED_INIT = "untied_init"
+EPOCH_TOLERANCE = 0.01  # one epoch, up to the last batch's rounding (steps = ceil(tokens / tokens per step))
 LADDER = " -> "  # joins the labels of a ladder of scales, smallest first  # untied, W_out starting as a copy of W_in: its in/out distance is 0 at step 0
 
 VERDICT_RULE = (
     "each tested row gets a two-sided t-test of its mean over seeds against 0 (slopes: the regression's t-test) and, where a "
     "SESOI applies, an equivalence test against +-SESOI (two one-sided t-tests, p = 2 max(p_low, p_high): below 0.05 exactly when "
-    "the 95% interval lies inside +-SESOI); Holm-Bonferroni correction is on, across the report's rows, once over the tests "
-    "against 0 and once over the equivalence tests. supported / contradicted: Holm p < 0.05, the mean on the claimed / the "
+    "the 95% interval lies inside +-SESOI); Holm-Bonferroni correction is on, within each family of rows (see families: by "
+    "default one family per claim, across the report's sizes, budgets and vocabularies; a study may declare others), once "
+    "over the tests against 0 and once over the equivalence tests, so a row's verdict never depends on rows of other "
+    "families. supported / contradicted: Holm p < 0.05, the mean on the claimed / the "
     "other side of 0 and |mean| >= SESOI; negligible: Holm p < 0.05 but |mean| < SESOI; equivalent: equivalence Holm p < 0.05; "
-    "inconclusive: neither, or one seed (no test); no data: the runs lack what the row measures, named"
+    "inconclusive: neither, or one seed (no test); no data: the runs lack what the row measures, named; not tested: the "
+    "design cannot answer the claim (named: e.g. one budget, repeated data), numbers shown descriptively; descriptive: "
+    "a reading shown for reference, never judged and in no family"
 )
 CLAIM_RULES = {
     "R2": "the tied-away V x C matrix (untied total - tied total, from summary.json) against the largest other tensors, "
@@ -93,8 +102,18 @@ CLAIM_RULES = {
     "claimed below 0, SESOI cka. untied_init starts at CKA 1 and distance |W_in - W_out|/|W_in| 0, so its row says "
     "whether identical spaces stay close with no tie. Drift from each matrix's own init is judged in its own row, "
     "C2/C7 drift.",
-    "R6/C3": "steps to the pair's convergence target, tied vs untied, paired by seed, in % of the untied steps; no SESOI. "
-    "R6 claims above 0 (untied faster), C3 below 0 (tied faster): one test, counted once, read both ways.",
+    "R6/C3": "schedule-free tokens-to-loss, from runs of one config at several token budgets, each ending its own "
+    "schedule (not constant-LR or WSD runs): per unit and mode, the end-of-schedule loss (test split when every run of the "
+    "ladder has one, else val) as a function of log tokens, linear between budgets, gives the tokens that mode needs to "
+    "reach the target loss; the row judges log(tokens tied / tokens untied), t-interval over units, shown as % more "
+    "tokens 100 (exp(x) - 1). Target: the loss midway through the range both modes' seed-mean budget curves span (from "
+    "the higher of their losses at the largest budget to the lower at the smallest), so both reach it inside their "
+    "budgets by interpolation and neither at an end, the same loss for every unit (--target-loss fixes it instead); a "
+    "unit whose curve does not reach it is left out, noted. No SESOI. R6 claims above 0 (untied faster), C3 below 0 "
+    "(tied faster): one test, counted once, read both ways. A pair at one budget is not tested. Shown per pair, not "
+    "judged and in no family: R6 (schedule-dependent), steps to the pair's in-training target (the higher of the two "
+    "groups' best validation losses) on one decaying schedule, in % of the untied steps, where the slower mode can "
+    "reach the target only in the decay tail.",
     "C6": "per seed Δloss = tied - untied final loss (log perplexity; the test split when every run of the pair has one, "
     "else val), t-interval; shown as % perplexity 100 (exp(Δloss) - 1) with the bounds transformed alike; claimed below 0, SESOI ppl.",
     "R5/C6": "two parts, both shown and tested: (smallest size) the C6 row of the ladder's smallest size (the same test, counted "
@@ -102,7 +121,11 @@ CLAIM_RULES = {
     "parameters, 95% interval from t(n-2), claimed above 0 (the help shrinks as models grow). The claim is supported "
     "when both parts are; contradicted when either is; else negligible or equivalent when a part is; else inconclusive.",
     "R5": "the slope of the per-seed Δloss against log10 tokens seen, across token budgets; claimed above 0 (with more data "
-    "untying gains).",
+    f"untying gains). Judged only across the budgets that see each token at most once: epochs = tokens trained on / the "
+    f"corpus's training-split tokens (summary.json) <= 1 (+{EPOCH_TOLERANCE:.0%} for the last batch's rounding; batches "
+    "are random windows, so 1 epoch means each token once on average). Repeating a corpus adds overfitting, where "
+    "tying's regularisation is predicted to help, so a ladder with repeats is shown descriptively, \"not tested: "
+    'repeated data (N epochs)" (and "not tested: epochs unknown" without the split\'s size).',
     "R5/C2 gap": "per seed, tied gap - untied gap, gap = val loss - train loss (eval.json's val and train when present, else "
     "the last metrics.jsonl row with val_loss and train_eval_loss); claimed below 0 (tying regularises), SESOI ppl.",
     "R5/C2 gap (equal fit)": "the same difference read where both runs of a seed fitted the training split equally well, to "
@@ -143,6 +166,7 @@ TEXTS = {
     "C2/C7": "tying keeps the input and output spaces close: without the tie they move apart",
     "R6": "untie and the loss converges faster",
     "C3": "tying gives a more direct gradient path: faster convergence",
+    "R6 (schedule-dependent)": "untie and the loss converges faster (steps to a target on one learning-rate schedule)",
     "C6": "tying lowers perplexity",
     "R5/C6 (smallest size)": "tying helps the smallest model",
     "R5/C6 (trend)": "the help from tying shrinks as models grow",
@@ -156,6 +180,9 @@ TEXTS = {
     "C2 stability (divergence)": "tying stabilises training: fewer runs diverge at high learning rates",
 }
 ORDER = tuple(TEXTS)  # the rows' order in the table
+DERIVED = ("C3", "R5/C6 (smallest size)", "R5/C6")  # rows that re-read other rows' tests (derive)
+DESCRIPTIVE = ("R6 (schedule-dependent)",)  # rows shown, never judged, in no family
+FAMILY_CLAIMS = tuple(c for c in ORDER if c not in DERIVED + DESCRIPTIVE)  # what a declared family may hold
 
 
 @dataclass
@@ -178,6 +205,8 @@ class Claim:
     p_equiv: float | None = None  # equivalence against +-sesoi
     p_equiv_holm: float | None = None
     note: str = ""
+    family: str = ""  # the Holm family of a tested row (judge)
+    values: list[float] = dataclasses.field(default_factory=list)  # the per-unit values a t-tested row is judged on
 
 
 def parse_sesoi(items: list[str]) -> dict[str, float]:
@@ -239,6 +268,7 @@ def tested(
         p=p,
         p_equiv=p_equiv,
         note=note,
+        values=[v for v in values if v is not None],
     )
 
 
@@ -254,10 +284,12 @@ def claims(
     target: float | None = None,
     free: tuple[str, ...] = (),
     grid: Sequence["Outcome"] = (),
+    families: dict[str, tuple[str, ...]] | None = None,
 ) -> list[Claim]:
     """The claims table, judged: groups with tying=`tied` against those with tying=`untied` (free: the
     keys --select chose per group); target: a fixed convergence target (--target-loss); grid: every run's
-    divergence outcome, --select's unselected runs and diverged runs included (outcomes())."""
+    divergence outcome, --select's unselected runs and diverged runs included (outcomes()); families: the
+    Holm families declared (parse_families), the others one per claim."""
     margin = margins(sesoi or SESOI_DEFAULTS)
     axis = Baseline("tying", untied, free)
     pairs = [c for c in compare(groups, axis, target) if c.group.mode == tied]
@@ -266,7 +298,7 @@ def claims(
     rows += gradient_claims(pairs, [g for g in groups if g.mode == tied], tied, untied, margin["cos"])
     rows += forms_claims([g for g in groups if g.mode == untied], untied, margin["cos"])
     rows += agreement_claims([g for g in groups if g.mode in (untied, UNTIED_INIT)], untied, margin["cka"])
-    rows += convergence_claims(pairs, same_size)
+    rows += convergence_claims(pairs, axis, same_size, target)
     rows += [
         tested(
             "C6",
@@ -280,32 +312,102 @@ def claims(
         for c in pairs
     ] or [missing("C6", same_size)]
     rows += size_claims(pairs, axis, f"{tied} and {untied} runs at two or more model sizes")
-    rows += trend_claims(
-        pairs,
-        axis,
-        BUDGET_KEYS,
-        lambda g: g.tokens,
-        "R5",
-        "ppl_vs_tokens.png",
-        f"{tied} and {untied} runs at two or more values of tokens seen",
-    )
+    rows += data_claims(pairs, axis, f"{tied} and {untied} runs at two or more values of tokens seen")
     rows += gap_claims(pairs, margin["ppl"], tied, untied)
     rows += drift_claims(pairs, margin["drift"], tied, untied)
     rows += stability_claims(pairs, margin, tied, untied)
     rows += divergence_claims(grid, tied, untied)
-    return derive(judge(rows))
+    return derive(judge(rows, families))
 
 
-def judge(rows: list[Claim]) -> list[Claim]:
-    """Holm-adjust the tests against 0 across the rows, then the equivalence tests; then each row's verdict."""
-    for name in ("p", "p_equiv"):
-        tested_rows = [r for r in rows if getattr(r, name) is not None]
-        for row, adjusted in zip(tested_rows, holm([getattr(r, name) for r in tested_rows])):
-            setattr(row, name + "_holm", adjusted)
+def parse_families(spec, where: str) -> dict[str, tuple[str, ...]]:
+    """A study's `families` (or --family's): {name: [claim, ...]}, each claim in one family at most; one line
+    naming the bad entry and the valid claims otherwise."""
+    valid = ", ".join(FAMILY_CLAIMS)
+    if not isinstance(spec, dict) or not all(isinstance(v, list) and v for v in spec.values()):
+        raise TiecliError(f"{where}: families are {{name: [claim, ...]}}, e.g. {{outcome: [C6, R6]}}; claims: {valid}")
+    families: dict[str, tuple[str, ...]] = {}
+    seen: dict[str, str] = {}
+    for name, members in spec.items():
+        for claim in map(str, members):
+            if claim not in FAMILY_CLAIMS:
+                raise TiecliError(
+                    f"{where}: family {name!r} names {claim!r}, not a judged claim; valid claims: {valid}"
+                )
+            if claim in seen:
+                raise TiecliError(
+                    f"{where}: {claim} is in two families, {seen[claim]!r} and {name!r}; a claim is in one"
+                )
+            seen[claim] = str(name)
+        families[str(name)] = tuple(map(str, members))
+    return families
+
+
+def family_option(items: list[str]) -> dict[str, tuple[str, ...]] | None:
+    """--family NAME=CLAIM,CLAIM (repeatable): the families for this report, replacing any a sweep declared."""
+    if not items:
+        return None
+    spec: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, members = (part.strip() for part in item.partition("="))
+        if not sep or not name or not members:
+            raise TiecliError(f"--family {item!r} must be NAME=CLAIM[,CLAIM...], e.g. outcome=C6,R6")
+        spec[name] = [m.strip() for m in members.split(",") if m.strip()]
+    return parse_families(spec, "--family")
+
+
+def declared_families(run_paths: list[str]) -> tuple[dict[str, tuple[str, ...]], str]:
+    """The families the sweeps holding these runs declared (each run's folder's parent sweep.json, written by
+    `tiecli sweep` from the study's `families`), and where they come from. Sweeps that declare none follow the
+    others; two that declare different ones are a one-line error (--family chooses)."""
+    specs: dict[str, list[str]] = {}
+    for sweep in sorted({Path(p).parent / "sweep.json" for p in run_paths}):
+        if not sweep.is_file():
+            continue
+        manifest = rundir.read_json(sweep, f"sweep {sweep.parent.name}")
+        study = (manifest.get("study") if isinstance(manifest, dict) else None) or {}
+        if study.get("families") is not None:
+            specs.setdefault(json.dumps(study["families"], sort_keys=True), []).append(str(sweep.parent))
+    if len(specs) > 1:
+        where = "; ".join(f"{', '.join(folders)}: {spec}" for spec, folders in specs.items())
+        raise TiecliError(f"the sweeps declare different families ({where}); choose with --family NAME=CLAIM,...")
+    if not specs:
+        return {}, "default"
+    spec, folders = next(iter(specs.items()))
+    return parse_families(json.loads(spec), f"{folders[0]}/sweep.json"), f"declared in {', '.join(folders)}/sweep.json"
+
+
+def family_of(claim: str, families: dict[str, tuple[str, ...]]) -> str:
+    """The declared family holding the claim, else the claim's own (the default: one family per claim)."""
+    return next((name for name, members in families.items() if claim in members), claim)
+
+
+def judge(rows: list[Claim], families: dict[str, tuple[str, ...]] | None = None) -> list[Claim]:
+    """Holm-adjust the tests against 0 within each family, then the equivalence tests; then each row's verdict.
+    A row's family: the declared one holding its claim, else its claim's own."""
+    for row in rows:
+        if row.p is not None or row.p_equiv is not None:
+            row.family = family_of(row.claim, families or {})
+    for family in dict.fromkeys(r.family for r in rows if r.family):
+        members = [r for r in rows if r.family == family]
+        for name in ("p", "p_equiv"):
+            tested_rows = [r for r in members if getattr(r, name) is not None]
+            for row, adjusted in zip(tested_rows, holm([getattr(r, name) for r in tested_rows])):
+                setattr(row, name + "_holm", adjusted)
     for row in rows:
         if not row.verdict:
             settle(row)
     return rows
+
+
+def family_rows(rows: list[Claim]) -> dict[str, list[str]]:
+    """Each family and its tests, "CLAIM: comparison", as the report prints them (re-read tests, C3 and the
+    smallest-size part of R5/C6, are counted once, in the family of the test they re-read)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if r.family and r.claim not in DERIVED:
+            out.setdefault(r.family, []).append(f"{r.claim}: {r.comparison}")
+    return out
 
 
 def settle(row: Claim) -> None:
@@ -524,24 +626,81 @@ def _mean(ci: Interval | None) -> str:
     return f"{ci.mean:.3g}" if ci else "-"
 
 
-def convergence_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
-    """R6 (C3 is derived from it): per-seed % difference in steps to the pair's target, above zero."""
-    rows = []
-    for c in pairs:
-        values = [100 * (a / b - 1) for a, b in c.steps_pairs() if b]
-        if values:
-            rows.append(
-                tested(
-                    "R6",
-                    c.group.label,
-                    "convergence table, val_loss.png",
-                    values,
-                    +1,
-                    show=lambda ci: ci_text(ci, 3, " %"),
-                    note=c.note(),
-                )
-            )
-    return rows or [missing("R6", f"{same_size} whose validation curves reach a common target")]
+def convergence_claims(pairs: list[Comparison], axis: Baseline, same_size: str, target: float | None) -> list[Claim]:
+    """R6 (C3 is derived from it), schedule-free: per ladder of token budgets, the per-unit log ratio of the
+    tokens tied and untied need to reach a loss, from each budget's end-of-schedule loss; above zero. A pair at
+    one budget is not tested. The steps-to-target reading of one schedule is shown per pair, not judged."""
+    budgets = ladders(pairs, axis, BUDGET_KEYS, budget)
+    rows = [convergence_row(ladder, target) for ladder in budgets]
+    in_ladder = {id(c) for ladder in budgets for c in ladder}
+    why = "the rule reads end-of-schedule losses across budgets"
+    rows += [
+        Claim("R6", TEXTS["R6"], c.group.label, "-", "-", ONE_BUDGET, why, direction=+1)
+        for c in pairs
+        if id(c) not in in_ladder
+    ]
+    rows += [reading for c in pairs if (reading := schedule_reading(c))]
+    return rows or [missing("R6", f"{same_size} at two or more token budgets")]
+
+
+def schedule_reading(c: Comparison) -> Claim | None:
+    """The old R6 reading, steps to the pair's target on one schedule, in % of untied's: shown, never judged."""
+    values = [100 * (a / b - 1) for a, b in c.steps_pairs() if b]
+    if not values:
+        return None
+    ci = mean_ci(values)
+    why = "schedule-dependent: steps to the pair's target on one decaying schedule, where the slower mode may "
+    return Claim(
+        "R6 (schedule-dependent)",
+        TEXTS["R6 (schedule-dependent)"],
+        c.group.label,
+        "convergence table, val_loss.png",
+        f"Δsteps {ci_text(ci, 3, ' %')}",
+        "descriptive",
+        why + "cross in the decay tail; not judged, in no family" + (f"; {c.note()}" if c.note() else ""),
+        interval=ci,
+        direction=+1,
+    )
+
+
+ONE_BUDGET = "not tested: one budget (needs runs at several budgets)"
+
+
+def budget(group: Group) -> int:
+    return group.tokens
+
+
+def convergence_row(ladder: list[Comparison], fixed: float | None) -> Claim:
+    """R6 on one ladder of budgets: log(tokens_tied / tokens_untied) to the target loss, per unit."""
+    split = "test" if all(c.split == "test" for c in ladder) else "val"
+    comparison = LADDER.join(c.group.label for c in ladder)
+    target = fixed if fixed is not None else budget_target(ladder, split)
+    figure = f"ppl_vs_tokens.png ({split} split, end of each schedule)"
+    if target is None:
+        why = "the two modes' seed-mean budget curves span no common loss"
+        return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", why, direction=+1)
+    tokens = budget_tokens(ladder, target, split)
+    values = [
+        math.log(t / u)
+        for unit, t in tokens["group"].items()
+        if t is not None and (u := tokens["base"].get(unit)) is not None
+    ]
+    units = len(set(tokens["group"]) | set(tokens["base"]))
+    note = f"{units - len(values)} of {units} units' curves do not reach loss {target:.4g} inside their budgets"
+    if not values:
+        return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", note, direction=+1)
+    return tested(
+        "R6",
+        comparison,
+        figure,
+        values,
+        +1,
+        show=lambda ci: (
+            f"tokens to loss {target:.4g}: tied {ci_text(ppl_change(ci), 3, ' %')} more than untied "
+            f"(log ratio {ci_text(ci)})"
+        ),
+        note=note if len(values) < units else "",
+    )
 
 
 def ladders(pairs: list[Comparison], axis: Baseline, free: tuple, x_of) -> list[list[Comparison]]:
@@ -560,26 +719,60 @@ def trend_claims(
     pairs: list[Comparison], axis: Baseline, free: tuple, x_of, claim_id: str, figure: str, needs: str
 ) -> list[Claim]:
     """Slope of the per-seed Δloss against log10 of the scale, per ladder; above zero."""
-    rows = []
-    for ladder in ladders(pairs, axis, free, x_of):
-        split = "test" if all(c.split == "test" for c in ladder) else "val"
-        by_pair = [(math.log10(x_of(c.group)), c.delta_loss(split)) for c in ladder]
-        fit, p = slope([(x, d) for x, values in by_pair for d in values])
-        comparison = LADDER.join(c.group.label for c in ladder)
-        row = Claim(
-            claim_id,
-            TEXTS[claim_id],
-            comparison,
-            f"{figure} ({split} split)",
-            f"Δloss {ci_text(fit)} per decade",
-            interval=fit,
-            direction=+1,
-            p=p,
-        )
-        if min(len(values) for _, values in by_pair) < 2:
-            row.p, row.verdict, row.why = None, "inconclusive", "one seed at some scale: no spread at that scale"
-        rows.append(row)
+    rows = [trend_row(ladder, x_of, claim_id, figure) for ladder in ladders(pairs, axis, free, x_of)]
     return rows or [missing(claim_id, needs)]
+
+
+def trend_row(ladder: list[Comparison], x_of, claim_id: str, figure: str) -> Claim:
+    split = "test" if all(c.split == "test" for c in ladder) else "val"
+    by_pair = [(math.log10(x_of(c.group)), c.delta_loss(split)) for c in ladder]
+    fit, p = slope([(x, d) for x, values in by_pair for d in values])
+    row = Claim(
+        claim_id,
+        TEXTS[claim_id],
+        LADDER.join(c.group.label for c in ladder),
+        f"{figure} ({split} split)",
+        f"Δloss {ci_text(fit)} per decade",
+        interval=fit,
+        direction=+1,
+        p=p,
+    )
+    if min(len(values) for _, values in by_pair) < 2:
+        row.p, row.verdict, row.why = None, "inconclusive", "one seed at some scale: no spread at that scale"
+    return row
+
+
+def epochs(c: Comparison) -> float | None:
+    """Passes over the training split of the pair's runs (the most of any), None when a run lacks the split's size."""
+    values = [r.epochs for r in c.group.runs + c.base.runs]
+    return None if None in values else max(cast(list[float], values))
+
+
+def data_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Claim]:
+    """R5's data half: the trend against tokens seen, judged only across budgets that see each token at most once
+    (epochs <= 1); a ladder with repeated data, or whose epochs are unknown, is shown, not tested."""
+    rows = []
+    for ladder in ladders(pairs, axis, BUDGET_KEYS, budget):
+        passes = [epochs(c) for c in ladder]
+        fresh = [c for c, e in zip(ladder, passes) if e is not None and e <= 1 + EPOCH_TOLERANCE]
+        if len(fresh) > 1:
+            rows.append(trend_row(fresh, budget, "R5", "ppl_vs_tokens.png"))
+        if len(fresh) == len(ladder):
+            continue
+        row = trend_row(ladder, budget, "R5", "ppl_vs_tokens.png")
+        repeated = ", ".join(f"{e:.3g}" for e in passes if e is not None and e > 1 + EPOCH_TOLERANCE)
+        row.p, row.why = (
+            None,
+            "numbers shown descriptively"
+            + ("; judged on the fresh-data budgets in the row above" if len(fresh) > 1 else ""),
+        )
+        row.verdict = (
+            "not tested: epochs unknown (summary.json lacks corpus.train_tokens)"
+            if None in passes
+            else f"not tested: repeated data ({repeated} epochs)"
+        )
+        rows.append(row)
+    return rows or [missing("R5", needs)]
 
 
 def size_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Claim]:

@@ -24,6 +24,7 @@ from tiecli.report.groups import Baseline, Group
 
 PLATEAU_FRACTION = 0.5  # at most this multiple of the unigram perplexity: off the plateau
 MIN_SEEDS = 3
+UNJUDGED = ("no data", "not tested", "descriptive")  # verdicts no rule reached: nothing to label
 EXACT = ("R2", "C1")  # exact parameter counts: no training, no seeds, nothing to label
 PILOT, WITHHELD = "pilot", "withheld"
 KINDS = ("plateau", "baselines", "seeds", "lr")  # the order the report lists them in
@@ -110,7 +111,7 @@ def involved(row: Claim, groups: list[Group], axis: Baseline) -> list[Group]:
 
 def label(row: Claim, found: list[Condition]) -> Claim:
     """The row with its verdict labelled and the conditions ahead of its rule's why; unchanged with none."""
-    if not found or row.claim in EXACT or row.verdict.startswith("no data"):
+    if not found or row.claim in EXACT or row.verdict.startswith(UNJUDGED):
         return row
     kind = WITHHELD if any(c.label == WITHHELD for c in found) else PILOT
     return dataclasses.replace(row, verdict=f"{kind}: {row.verdict}", why=f"{kind}: {reasons(found)}. Rule: {row.why}")

@@ -62,22 +62,67 @@ def ignored(key: str, setting: dict) -> bool:
     return key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES) or unused_steps
 
 
+SPLIT_SEED = "data.split_seed"  # which text is held out: a second random factor when it varies with the seed
+
+
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[Skipped]]:
-    """Groups of runs equal in every setting but the seed; a second run of a group's seed is skipped."""
+    """Groups of runs equal in every setting but the seed; a second run of a group's unit is skipped.
+    data.split_seed joins the seed in the unit (seed, split_seed) wherever no seed has two of it (split_unit)."""
     groups: dict[str, Group] = {}
     skipped: list[Skipped] = []
+    unit_split = split_unit(runs)
     for run in runs:
         setting = {k: v for k, v in run.setting.items() if k != "seed" and not ignored(k, run.setting)}
+        if unit_split.get(_setting_key(run)):
+            setting.pop(SPLIT_SEED, None)
         group = groups.setdefault(json.dumps(setting, sort_keys=True), Group(setting, run.choices))
-        twin = next((r for r in group.runs if r.seed == run.seed), None)
+        twin = next((r for r in group.runs if r.unit == run.unit), None)
         if twin:
             skipped.append(Skipped(run.path, f"same settings and seed as {twin.path}"))
         else:
             group.runs.append(run)
     for group in groups.values():
-        group.runs.sort(key=lambda r: r.seed)
+        group.runs.sort(key=lambda r: r.unit)
     label_groups(list(groups.values()))
     return sorted(groups.values(), key=lambda g: (g.params["non_embedding"], g.label)), skipped
+
+
+def _setting_key(run: Run) -> str:
+    """The run's setting less the seed, the ignored keys and data.split_seed."""
+    return json.dumps(
+        {k: v for k, v in run.setting.items() if k not in ("seed", SPLIT_SEED) and not ignored(k, run.setting)},
+        sort_keys=True,
+    )
+
+
+def split_unit(runs: list[Run]) -> dict[str, bool]:
+    """Per setting (less seed and split seed): whether data.split_seed belongs to the unit, i.e. is a function of
+    the seed there (each seed has one split seed; a fixed split is one too). Where one seed has several, the split
+    is a factor of its own (a study varying it on purpose) and the groups split on it, as on any other key."""
+    splits: dict[str, dict[int, set]] = {}
+    for run in runs:
+        splits.setdefault(_setting_key(run), {}).setdefault(run.seed, set()).add(run.setting.get(SPLIT_SEED))
+    return {key: all(len(s) == 1 for s in by_seed.values()) for key, by_seed in splits.items()}
+
+
+def units(groups: list[Group]) -> str:
+    """What varies across the report's units: the seed only, or the seed and the held-out split."""
+    varying = [g.label for g in groups if len({r.setting.get(SPLIT_SEED) for r in g.runs}) > 1]
+    if not varying:
+        fixed = sorted({str(r.setting.get(SPLIT_SEED)) for g in groups for r in g.runs})
+        return (
+            f"seed only: each group holds out one fixed split ({SPLIT_SEED}={', '.join(fixed)}), so intervals leave "
+            "out the variance of which text is held out"
+        )
+    where = (
+        "every group"
+        if len(varying) == len(groups)
+        else f"{len(varying)} of {len(groups)} groups ({', '.join(varying)})"
+    )
+    return (
+        f"seed and held-out split: {SPLIT_SEED} varies with the seed in {where}; a unit is (seed, {SPLIT_SEED}), runs "
+        "pair by unit, so intervals include the variance of which text is held out"
+    )
 
 
 def label_groups(groups: list[Group]) -> None:

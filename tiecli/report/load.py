@@ -108,6 +108,11 @@ class Run:
     threads: int | None = None  # None: the run predates tiecli recording it
 
     @property
+    def unit(self) -> tuple:
+        """What one replicate is: (seed, data.split_seed); runs pair by it (the held-out split may vary with the seed)."""
+        return (self.seed, self.setting.get("data.split_seed"))
+
+    @property
     def epochs(self) -> float | None:
         """Passes over the training split: tokens trained on / tokens in the split."""
         train_tokens = (self.corpus or {}).get("train_tokens")

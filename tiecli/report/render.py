@@ -52,6 +52,7 @@ GEOMETRY_COLUMNS = (
     ("forms_contrast_output", "forms contrast out"),
 )
 NO_DATA = "no data"  # the verdict of a row whose runs lack what it measures: "no data: needs ..."
+NOT_TESTED = "not tested"  # the verdict of a row the design cannot test: "not tested: one budget ..."
 BULLET = "  - "  # a headline line that is an item of the list above it
 FOLD_MIN = 8  # on the terminal, a text column is at least this wide (or its header's width) before the table is split
 PLOT_TITLES = {
@@ -484,9 +485,11 @@ def claims_summary(claim_rows: list[Claim]) -> TableSpec:
 
 
 def short_verdict(row: Claim) -> list[str]:
-    """(verdict, measured); a row without data says what it needs where the measurement would be."""
-    if row.verdict.startswith(NO_DATA):
-        return [NO_DATA, row.verdict.removeprefix(NO_DATA).removeprefix(":").strip()]
+    """(verdict, measured); a row without data, or not tested, says why where the measurement would be."""
+    for untested in (NO_DATA, NOT_TESTED):
+        if row.verdict.startswith(untested):
+            why = row.verdict.removeprefix(untested).removeprefix(":").strip()
+            return [untested, "; ".join(part for part in (why, row.measured if untested == NOT_TESTED else "") if part)]
     return [row.verdict, row.measured]
 
 

@@ -36,6 +36,7 @@ def run_row(g: Group, r: Run) -> dict:
         "name": r.name,
         "path": r.path,
         "seed": r.seed,
+        "split_seed": r.unit[1],  # data.split_seed: with the seed, the unit runs pair by
         "params_total": r.params["total"],
         "params_non_embedding": r.params["non_embedding"],
         "embedding_share": embedding_share(r.params),
@@ -99,6 +100,7 @@ def group_row(g: Group, c: Comparison | None, eq: EqualParams, compute: EqualPar
         "group": g.label,
         "n_seeds": len(g.runs),
         "seeds": " ".join(str(r.seed) for r in g.runs),
+        "split_seeds": " ".join(str(r.unit[1]) for r in g.runs),
         "params_total": g.params["total"],
         "params_non_embedding": g.params["non_embedding"],
         "embedding_share": embedding_share(g.params),

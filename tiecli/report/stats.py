@@ -113,10 +113,10 @@ def ci_text(ci: Interval | None, digits: int = 3, unit: str = "") -> str:
 
 
 def paired(group: Group, base: Group, value, base_value=None) -> list[tuple]:
-    """(value in group, value in base) per seed that both have and both measured; base_value, when
+    """(value in group, value in base) per unit (seed, held-out split) that both have and both measured; base_value, when
     given, reads the base's runs (e.g. the untied output matrix against the tied shared matrix)."""
-    by_seed = {r.seed: (base_value or value)(r) for r in base.runs}
-    pairs = [(value(r), by_seed[r.seed]) for r in group.runs if r.seed in by_seed]
+    by_unit = {r.unit: (base_value or value)(r) for r in base.runs}
+    pairs = [(value(r), by_unit[r.unit]) for r in group.runs if r.unit in by_unit]
     return [(a, b) for a, b in pairs if a is not None and b is not None]
 
 
@@ -266,6 +266,45 @@ def aggregate(group: Group) -> dict[str, Interval | None]:
     return out
 
 
+# --- convergence without the schedule: end-of-schedule losses across token budgets --------------------
+
+
+def tokens_to_loss(points: list[tuple[float, float]], target: float) -> float | None:
+    """Tokens where a (tokens, end-of-schedule loss) curve across budgets, in ascending tokens, first falls to
+    `target`, linear in log tokens between budgets; None when the curve does not span the target (no extrapolation)."""
+    for (t0, l0), (t1, l1) in zip(points, points[1:]):
+        if l1 <= target <= l0 and l1 < l0:
+            f = (l0 - target) / (l0 - l1)
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return None
+
+
+def budget_target(ladder: list["Comparison"], split: str) -> float | None:
+    """The loss midway through the range both modes' seed-mean budget curves span: from the higher of the two
+    seed-mean losses at the largest budget to the lower of the two at the smallest. Both modes reach it inside
+    their budgets, neither at an end; None when the ranges do not overlap."""
+
+    def mean(runs):
+        return statistics.fmean(loss for r in runs if (loss := final_loss(r, split)) is not None)
+
+    top = min(mean(ladder[0].group.runs), mean(ladder[0].base.runs))
+    bottom = max(mean(ladder[-1].group.runs), mean(ladder[-1].base.runs))
+    return (top + bottom) / 2 if bottom < top else None
+
+
+def budget_tokens(ladder: list["Comparison"], target: float, split: str) -> dict[str, dict[tuple, float | None]]:
+    """Per mode ("group", "base") and unit, the tokens its runs across the ladder's budgets need to reach target."""
+    out: dict[str, dict[tuple, float | None]] = {}
+    for side in ("group", "base"):
+        curves: dict[tuple, list[tuple[float, float]]] = {}
+        for c in ladder:
+            for r in getattr(c, side).runs:
+                if (loss := final_loss(r, split)) is not None:
+                    curves.setdefault(r.unit, []).append((float(r.tokens), loss))
+        out[side] = {u: tokens_to_loss(sorted(pts), target) if len(pts) > 1 else None for u, pts in curves.items()}
+    return out
+
+
 # --- against the baseline -----------------------------------------------------------------------------
 
 
@@ -396,11 +435,11 @@ def interpolate(g: Group, ladder: list[Group], x_of, unit: str) -> EqualParams:
         ladder = ladder[i - 1 : i + 1]
         if statistics.fmean(r.loss for r in ladder[1].runs) >= statistics.fmean(r.loss for r in ladder[0].runs):
             return EqualParams(why="n/a: non-monotone (the baseline's loss does not fall across the bracket)")
-    low, high = ({r.seed: r.loss for r in b.runs} for b in ladder)
+    low, high = ({r.unit: r.loss for r in b.runs} for b in ladder)
     logs = [math.log(x_of(b)) for b in ladder]
     w = 0.0 if logs[0] == logs[1] else (math.log(x) - logs[0]) / (logs[1] - logs[0])
     base = {s: low[s] + w * (high[s] - low[s]) for s in low if s in high}
-    pairs = [(r.loss, base[r.seed]) for r in g.runs if r.seed in base]
+    pairs = [(r.loss, base[r.unit]) for r in g.runs if r.unit in base]
     if not pairs:
         return EqualParams(why="no seed in common with the bracketing baseline groups")
     return EqualParams(
