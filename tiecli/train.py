@@ -28,7 +28,7 @@ from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, whole_split_limit
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
-from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype
+from tiecli.runtime import Threads, autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
 
 
 class Interrupted(TiecliError):
@@ -303,6 +303,7 @@ def train(
     """
     console = console or Console(stderr=True, quiet=not distributed.is_rank0())
     with StopFlag() as stop:
+        threads = run_threads(config, run_dir, resume)
         s = prepare(config)
         if stop.requested:
             raise Interrupted("interrupted before the run started; nothing was written")
@@ -314,10 +315,12 @@ def train(
         with run:
             if resumed:
                 console.print(f"resuming {run_dir.name} from step {state.step}", highlight=False)
+            if threads.warning():
+                console.print(threads.warning(), highlight=False, markup=False, soft_wrap=True)
             console.print(distributed.batch_line(config.train, config.model.block_size), highlight=False)
             summary = run.reader.summary()
             summary.status, summary.error, summary.started = "running", None, now()
-            summary.max_steps = config.max_steps
+            summary.max_steps, summary.threads = config.max_steps, threads.n
             run.summary(summary)
             try:
                 with TrainProgress(
@@ -335,6 +338,13 @@ def train(
             except BaseException as e:
                 finish(run, summary, state, "failed", error=f"{type(e).__name__}: {e}".strip())
                 raise
+
+
+def run_threads(config: Config, run_dir: Path, resume: bool) -> Threads:
+    """This process's torch threads (runtime.use_threads); a resumed run keeps the count it trained with,
+    since another count sums in another order (the last bits of its losses would differ)."""
+    kept = rundir.RunReader(run_dir).summary().threads if resume and (run_dir / rundir.SUMMARY).is_file() else None
+    return use_threads(pick_device(config.device), kept)
 
 
 def fit(
