@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -167,9 +168,12 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted at step" in err and "Traceback" not in err
+    assert "error" not in err.lower()  # a stop that was asked for is not an error
     summary = rundir.RunReader(isolated / "runs" / "long").summary()
     assert summary.status == "interrupted" and 0 < summary.step < 400
-    result = tiecli("train", *args, "--resume")
+    (command,) = [line.removeprefix("resume with: ") for line in err.splitlines() if line.startswith("resume with: ")]
+    assert command == "tiecli train --resume runs/long"
+    result = tiecli(*shlex.split(command)[1:])  # pasted as printed
     assert result.exit_code == 0, result.output
     assert json.loads((isolated / "runs" / "long" / rundir.SUMMARY).read_text())["status"] == "completed"
 
@@ -214,3 +218,32 @@ def test_the_wheel_carries_conf_and_corpus_and_runs_from_anywhere(tmp_path):
         check=True,
     ).stdout.strip()
     assert where == str(tmp_path / "site" / "tiecli" / "conf")
+
+
+def test_run_commands_take_a_bare_name_from_the_runs_dir(isolated):
+    assert tiecli("train", *TINY, "--name", "r", "--runs-dir", "elsewhere").exit_code == 0
+    result = tiecli("eval", "r", "--runs-dir", "elsewhere")
+    assert result.exit_code == 0 and "r: val at step 12" in result.output, result.output
+    result = tiecli("report", "r", "--runs-dir", "elsewhere", "--out", "rep")
+    assert result.exit_code == 0 and (isolated / "rep" / "report.md").is_file(), result.output
+    assert tiecli("train", *TINY, "--name", "ablation/first").exit_code == 0
+    for args in (["eval", "ablation/first"], ["sample", "ablation/first", "--max-new-tokens", "3"]):
+        result = tiecli(*args)  # --runs-dir defaults to runs/
+        assert result.exit_code == 0, (args, result.output)
+    result = tiecli("geometry", "ablation/first", "--json")
+    assert result.exit_code == 0 and json.loads(result.output)["step"] == 12
+    result = tiecli("train", "--resume", "ablation/first", "train.max_steps=15")  # as --name NAME --resume
+    assert result.exit_code == 0, result.output
+    assert rundir.RunReader(isolated / "runs" / "ablation" / "first").summary().step == 15
+    one_line_error(tiecli("eval", "ablation/frist"), 1, "did you mean runs/ablation/first?")
+    one_line_error(tiecli("sample", "first"), 1, "did you mean runs/ablation/first?")
+    one_line_error(tiecli("export", "nothing-like-it", "out"), 1, "'nothing-like-it' is not a run directory")
+
+
+def test_hydras_multirun_flag_points_to_sweep(isolated):
+    one_line_error(
+        tiecli("train", "-m", "tying=tied,untied", "seed=0,1"),
+        2,
+        "for several, `tiecli sweep tying=tied,untied seed=0,1`",
+    )
+    assert not (isolated / "runs").exists()

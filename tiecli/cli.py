@@ -5,8 +5,10 @@ Heavy imports (torch) happen inside the commands, so `tiecli --help` answers at 
 """
 
 import contextlib
+import difflib
 import json
 import re
+import shlex
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
@@ -100,6 +102,10 @@ DryRun = Annotated[
 Estimate = Annotated[
     bool, typer.Option("--estimate/--no-estimate", help="With --dry-run: time a few steps per model size here")
 ]
+RunsDir = Annotated[
+    Path, typer.Option("--runs-dir", help="Folder where a bare run NAME is looked up (RUN may also be a path)")
+]
+Multirun = Annotated[bool, typer.Option("-m", "--multirun", hidden=True, help="Hydra's multirun: tiecli sweep does it")]
 
 
 @contextlib.contextmanager
@@ -108,6 +114,9 @@ def user_errors():
     try:
         yield
     except TiecliError as e:
+        if e.exit_code == 130:  # stopped on request (Ctrl-C, SIGTERM): what happened, not an error
+            err_console.print(escape(str(e)), highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
         fail(str(e), e.exit_code)
     except OSError as e:  # disk full, read-only folder, a name too long, a file where a folder should be
         where = f": {e.filename}" if e.filename else ""
@@ -161,6 +170,7 @@ def train(
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
     config_dir: ConfigDir = None,
     nproc: Nproc = None,
+    multirun: Multirun = False,
 ):
     """Train one model and evaluate it into runs/<name>/.
 
@@ -171,8 +181,14 @@ def train(
         from tiecli import config, distributed
         from tiecli import resume as resuming
 
+        if multirun:
+            raise ConfigError(
+                f"-m: tiecli train trains one run; for several, `{shlex.join(['tiecli', 'sweep', *overrides])}`"
+            )
         if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
             run_arg = Path(overrides.pop(0))
+            if not rundir.is_run_dir(run_arg) and rundir.is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
+                run_arg = runs_dir / run_arg
             runs_dir, name = run_arg.parent, run_arg.name
         if name is not None and not name.strip():
             raise TiecliError("--name is empty; give a name, or leave --name out for the default")
@@ -196,9 +212,24 @@ def train(
             run_config = config.to_config(cfg)
             from tiecli.train import train as train_run
 
-            summary = train_run(run_config, path, resume, files)
+            try:
+                summary = train_run(run_config, path, resume, files)
+            except TiecliError as e:
+                if e.exit_code == 130 and rundir.is_run_dir(path) and distributed.is_rank0():
+                    raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
+                raise
         if summary is not None:  # None on ranks other than 0: rank 0 reports
             show_trained(path, summary, run_config)
+
+
+def resume_command(path: Path, config_dir: Path | None) -> str:
+    """The command that continues this run, to copy and paste: relative to here when it lies below."""
+    from tiecli import distributed
+
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    world = distributed.world_size()
+    args = ["tiecli", "train", "--resume", str(shown), *(["--nproc", str(world)] if world > 1 else [])]
+    return shlex.join(args + (["--config-dir", str(config_dir)] if config_dir else []))
 
 
 def start_ranks(nproc: int, args: list[str], resume: bool, config_dir: Path | None) -> int:
@@ -258,12 +289,14 @@ def eval_(
             "4 times the validation split, else a fixed evenly spaced subset of that size"
         ),
     ] = Split.val,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency on a split.
 
     Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
     """
     with user_errors():
+        run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.evaluate import evaluate_run
 
@@ -333,6 +366,7 @@ def geometry(
             help="With --model: write DIR/pretrained.json, which `tiecli report DIR ...` shows as a reference row"
         ),
     ] = None,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Recompute the geometry of a run's token matrices from its checkpoint, or measure a pretrained model's.
 
@@ -350,6 +384,7 @@ def geometry(
             raise ConfigError("give a RUN directory, or --model PATH for a pretrained model")
         if out is not None:
             raise ConfigError("--out is for --model; a run's entry goes into its own geometry.json with --write")
+        run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.diagnostics import geometry_of_run
 
@@ -394,12 +429,14 @@ def export(
         ),
     ] = ExportTarget.hf,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it already holds files")] = False,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Export a run's last checkpoint for transformers (AutoModelForCausalLM) or as plain safetensors.
 
     Example: tiecli export runs/micro-tied-bpe4096-shakespeare-s0 --to hf exported/micro-tied
     """
     with user_errors():
+        run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.export import export_run
 
@@ -436,6 +473,7 @@ def sample(
     compare: Annotated[
         Path | None, typer.Option(help="A second run, sampled with the same prompt and seed, printed side by side")
     ] = None,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Generate text from a run's checkpoint (every tying mode); the same seed gives the same text.
 
@@ -447,7 +485,8 @@ def sample(
         options = Options(
             read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed
         )
-        results = [sample_run(r, load_run_config(r), step, options) for r in [run, *([compare] if compare else [])]]
+        chosen = [find_run(r, runs_dir) for r in [run, *([compare] if compare else [])]]
+        results = [sample_run(r, load_run_config(r), step, options) for r in chosen]
         if as_json:
             print(json.dumps([r.to_dict() for r in results] if compare else results[0].to_dict(), indent=2))
         else:
@@ -484,6 +523,22 @@ def load_run_config(run: Path):
     if not rundir.is_run_dir(run):
         raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
     return config.from_dict(rundir.RunReader(run).config(), run)
+
+
+def find_run(run: Path, runs_dir: Path) -> Path:
+    """RUN as given, else a bare name under --runs-dir (as `train --name NAME --resume` finds it); one line
+    naming the nearest run there when neither is a run."""
+    if rundir.is_run_dir(run) or run.is_absolute():
+        return run
+    if rundir.is_run_dir(runs_dir / run):
+        return runs_dir / run
+    names = [str(p.parent.relative_to(runs_dir)) for p in runs_dir.rglob(rundir.SUMMARY)] if runs_dir.is_dir() else []
+    by_last = {Path(n).name: n for n in names}  # a nested run's last part: `first` for ablation/first
+    near = difflib.get_close_matches(str(run), names, n=1) or [
+        by_last[m] for m in difflib.get_close_matches(run.name, list(by_last), n=1)
+    ]
+    hint = f"; did you mean {runs_dir / near[0]}?" if near else ""
+    raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG}){hint}")
 
 
 @app.command()
@@ -579,6 +634,9 @@ def report(
             "pair (default: per pair, the higher of the two groups' best losses)",
         ),
     ] = None,
+    runs_dir: Annotated[
+        Path, typer.Option("--runs-dir", help="Folder where a bare name (a run, sweeps/NAME) is looked up")
+    ] = Path("runs"),
 ):
     """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 
@@ -591,7 +649,10 @@ def report(
         from tiecli.report import report as write_report
 
         options = Options(tuple(select or ()), tuple(sesoi or ()), target_loss)
-        write_report(paths or [Path("runs")], baseline, out, console, options)
+        found = [
+            p if p.exists() or p.is_absolute() or not (runs_dir / p).exists() else runs_dir / p for p in paths or []
+        ]
+        write_report(found or [runs_dir], baseline, out, console, options)
 
 
 @app.command()

@@ -400,7 +400,7 @@ def fit(
             save_checkpoint(s, run, state, loss_acc)
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
-        raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved, continue with --resume")
+        raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved")
 
 
 def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int) -> dict:
