@@ -309,7 +309,9 @@ def train(
             raise Interrupted("interrupted before the run started; nothing was written")
         run, state, resumed = open_on_ranks(s, run_dir, resume, files)
         if run is None:  # a rank other than 0: trains in step with rank 0 and writes nothing
-            with TrainProgress(console, run_dir.name, config.max_steps, state.step, config.train.log_interval) as p:
+            with TrainProgress(
+                console, run_dir.name, config.max_steps, state.step, config.train.log_interval, s.compiled
+            ) as p:
                 fit(s, None, state, p, stop, fresh=not resumed)
             return None
         with run:
@@ -324,7 +326,7 @@ def train(
             run.summary(summary)
             try:
                 with TrainProgress(
-                    console, run_dir.name, config.max_steps, state.step, config.train.log_interval
+                    console, run_dir.name, config.max_steps, state.step, config.train.log_interval, s.compiled
                 ) as progress:
                     fit(s, run, state, progress, stop, fresh=not resumed)
                     stop.check()
