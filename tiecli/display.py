@@ -126,6 +126,11 @@ def geometry_table(entry: dict, title: str) -> Table:
     return table
 
 
+def dash(value, spec: str) -> str:
+    """A number on the bar; "—" where there is none yet."""
+    return "—" if value is None else format(value, spec)
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "—"
@@ -199,8 +204,9 @@ class TrainProgress:
         if row.val_loss is not None:
             self.val = row.val_loss
         if self.bar:
-            shown = {"loss": (self.loss, ".3f"), "val": (self.val, ".3f"), "tps": (self.tps, ",.0f")}
-            self.bar.update(self.task, **{k: "—" if v is None else format(v, f) for k, (v, f) in shown.items()})
+            self.bar.update(
+                self.task, loss=dash(self.loss, ".3f"), val=dash(self.val, ".3f"), tps=dash(self.tps, ",.0f")
+            )
             return
         now = time.perf_counter()
         if row.loss is not None and (now - self.last_line >= PLAIN_EVERY_S or row.step == self.total):
