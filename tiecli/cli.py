@@ -248,10 +248,10 @@ def show_trained(path: Path, summary, run_config) -> None:
         console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
     console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
     if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
-        from tiecli.sample import DEFAULT_PROMPT, Options, sample_run
+        from tiecli.sample import DEFAULT_PROMPT, Options, prepare
 
         n = run_config.train.sample_tokens
-        show_samples([sample_run(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))])
+        stream_sample(prepare(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0)))
 
 
 def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
@@ -480,17 +480,58 @@ def sample(
     Example: tiecli sample runs/micro-tied-bpe4096-shakespeare-s0 --prompt "ROMEO:" --num-samples 3
     """
     with user_errors():
-        from tiecli.sample import Options, read_prompt, sample_run
+        from tiecli.sample import Options, check_step, prepare, read_prompt, sample_run
 
         options = Options(
             read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed
         )
+        options.check()
+        check_step(step)
         chosen = [find_run(r, runs_dir) for r in [run, *([compare] if compare else [])]]
+        if not as_json and len(chosen) == 1 and num_samples == 1:  # one text: printed as it is drawn
+            stream_sample(prepare(chosen[0], load_run_config(chosen[0]), step, options))
+            return
         results = [sample_run(r, load_run_config(r), step, options) for r in chosen]
         if as_json:
+            for note in results[0].notes:
+                err_console.print(note, highlight=False, markup=False, soft_wrap=True)
             print(json.dumps([r.to_dict() for r in results] if compare else results[0].to_dict(), indent=2))
         else:
             show_samples(results)
+
+
+PROMPT_SHOWN = 200  # a longer prompt is echoed before its continuation by its last this many characters
+
+
+def shown_prompt(prompt: str) -> str:
+    return prompt if len(prompt) <= PROMPT_SHOWN else "…" + prompt[-PROMPT_SHOWN:]
+
+
+def show_header(samples) -> None:
+    """The notes (clamped options) and one line naming the prompt (its start and length, when long) and options."""
+    for note in samples.notes:
+        err_console.print(note, highlight=False, markup=False, soft_wrap=True)
+    o, prompt = samples.options, samples.prompt
+    about = repr(prompt) if len(prompt) <= 60 else f"{prompt[:40]!r}... ({len(prompt):,} characters)"
+    console.print(
+        f"prompt {about}, seed {o['seed']}, temperature {o['temperature']}, top-k {o['top_k']}, top-p {o['top_p']}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def stream_sample(sampling) -> None:
+    """One sample, its text printed token by token as it is drawn."""
+    from rich.text import Text
+
+    from tiecli.sample import draw
+
+    show_header(sampling.header)
+    console.print(Text(shown_prompt(sampling.header.prompt)), end="", soft_wrap=True)
+    draw(sampling, stream=lambda text: console.print(Text(text), end="", soft_wrap=True))
+    console.print()
+    console.print("-" * 40)
 
 
 def show_samples(results) -> None:
@@ -498,21 +539,15 @@ def show_samples(results) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    o = results[0].options
-    console.print(
-        f"prompt {results[0].prompt!r}, seed {o['seed']}, temperature {o['temperature']}, "
-        f"top-k {o['top_k']}, top-p {o['top_p']}",
-        highlight=False,
-        markup=False,
-    )
+    show_header(results[0])
     if len(results) == 1:
         for s in results[0].samples:
-            console.print(Text(results[0].prompt + s.text))
+            console.print(Text(shown_prompt(results[0].prompt) + s.text), soft_wrap=True)
             console.print("-" * 40)
         return
     table = Table(*(f"{r.run} (step {r.step})" for r in results), show_lines=True)
     for row in zip(*(r.samples for r in results)):
-        table.add_row(*(Text(r.prompt + s.text) for r, s in zip(results, row)))
+        table.add_row(*(Text(shown_prompt(r.prompt) + s.text) for r, s in zip(results, row)))
     console.print(table)
 
 
