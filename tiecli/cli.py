@@ -340,7 +340,7 @@ def geometry(
         Path | None, typer.Argument(help="A run directory (or --model PATH instead)", show_default=False)
     ] = None,
     model: Annotated[
-        Path | None,
+        str | None,  # a str, not a Path: Path("") would read as "." and hide an empty value
         typer.Option(
             "--model",
             help="A pretrained model instead of a run: a .gguf file or a Hugging Face folder with config.json and "
@@ -376,9 +376,13 @@ def geometry(
     """
     with user_errors():
         if model is not None:
+            if not model.strip():
+                raise ConfigError(
+                    "--model is empty; give a .gguf file or a Hugging Face folder (config.json, *.safetensors)"
+                )
             if run is not None or step != "latest" or write:
                 raise ConfigError("--model measures a pretrained model: give it without a RUN, --step or --write")
-            show_pretrained(model, pairs, out, as_json)
+            show_pretrained(Path(model), pairs, out, as_json)
             return
         if run is None:
             raise ConfigError("give a RUN directory, or --model PATH for a pretrained model")
