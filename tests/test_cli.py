@@ -265,3 +265,43 @@ def test_readme_smollm2_recipe_finds_the_file_with_only_the_no_deps_install():
 
 def test_an_empty_model_value_says_so(isolated):
     one_line_error(tiecli("geometry", "--model", ""), 2, "--model is empty; give a .gguf file or a Hugging Face folder")
+
+
+def dry_run_names(*args) -> list[str]:
+    result = tiecli("sweep", *args, "--dry-run", "--no-estimate")
+    assert result.exit_code == 0, result.output
+    return [line.split()[0].rsplit("/", 1)[-1] for line in result.output.splitlines() if " [new]: " in line]
+
+
+def test_sweep_job_names_drop_the_shared_hash_and_fit_80_columns(isolated):
+    names = dry_run_names("model=nano", "tying=tied,untied", "seed=0,1", "train.max_steps=100")
+    assert names == [f"nano-{t}-bpe4096-shakespeare-s{s}" for t in ("tied", "untied") for s in (0, 1)]
+    names = dry_run_names("model=nano", "tying=tied,untied", "train.lr=1e-3,3e-3", "train.max_steps=100")
+    assert names == [f"nano-{t}-bpe4096-shakespeare-s0-lr{lr}" for t in ("tied", "untied") for lr in ("0.001", "0.003")]
+    names = dry_run_names("study=cpu_main")
+    assert len(names) == 40 and all(len(n) <= 56 for n in names)  # "[40/40] NAME: completed ..." fits 80
+
+
+def test_a_sweep_keeps_the_names_its_manifest_gave_and_refuses_changed_overrides(isolated):
+    from tiecli import config
+    from tiecli import sweep as sweeps
+
+    args = ["model=nano", "tying=tied,untied", "train.max_steps=100"]
+    sweep_dir, manifest, _ = sweeps.plan(args, None, Path("runs"), "s")
+    old_names = {}  # as tiecli 0.2 named them: the hash of every override, shared ones included
+    for job in manifest.jobs:
+        cfg, choices = config.compose(job.overrides)
+        old_names[job.name] = config.run_name(choices, cfg, job.overrides)
+        job.name = job.run_dir = old_names[job.name]
+    sweep_dir.mkdir(parents=True)
+    rundir.write_manifest(sweep_dir / "sweep.json", manifest)
+    _, again, configs = sweeps.plan(args, None, Path("runs"), "s")
+    assert [j.name for j in again.jobs] == list(old_names.values()) == list(configs)
+    assert all(re.search(r"-s0-[0-9a-f]{8}$", n) for n in configs)
+
+    rundir.write_manifest(sweep_dir / "sweep.json", sweeps.plan(args, None, Path("runs"), "t")[1])
+    one_line_error(
+        tiecli("sweep", "model=nano", "tying=tied,untied", "train.max_steps=200", "--name", "s", "--dry-run"),
+        1,
+        "job 'nano-tied-bpe4096-shakespeare-s0' ran with `model=nano tying=tied train.max_steps=100`",
+    )
