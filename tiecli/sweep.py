@@ -952,7 +952,7 @@ def estimate_lines(
                 console.print(f"timing {name} ...", highlight=False, markup=False, soft_wrap=True)
             paces[key] = p = estimate.measure(c)
             lines.append(
-                f"timed on {p.device} ({p.dtype}), like {name}: {p.step_s:.3g} s a step "
+                f"timed on {p.device} ({p.dtype}, {p.load()}), like {name}: {p.step_s:.3g} s a step "
                 f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
             )
     seconds = [estimate.job_seconds(c, paces[estimate.size_key(c)], done_steps[n]) for n, c in configs.items()]
