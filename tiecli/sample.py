@@ -26,7 +26,7 @@ from tiecli.config import SEED_LIMIT, Config
 from tiecli.data import load_corpus
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPT, KVCache
-from tiecli.runtime import pick_device
+from tiecli.runtime import pick_device, use_threads
 
 DEFAULT_PROMPT = "\n"  # nanoGPT's start: every tokenizer here has it, and it begins a line of the text
 
@@ -257,6 +257,7 @@ def prepare(run_dir: Path, config: Config, step: str, o: Options) -> Sampling:
     options = {k: v for k, v in asdict(o).items() if k != "prompt"}
     header = Samples(run_dir.name, saved, o.prompt, prompt_ids, options, [], notes)
     device = pick_device(config.device)
+    use_threads(device)  # as training: the cores other processes leave free, or OMP_NUM_THREADS
     return Sampling(model.to(device), encoding, device, header)
 
 
