@@ -28,7 +28,16 @@ from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, whole_split_limit
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
-from tiecli.runtime import Threads, autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
+from tiecli.runtime import (
+    Threads,
+    autocast_for,
+    compile_step,
+    grad_scaler,
+    pick_compile,
+    pick_device,
+    pick_dtype,
+    use_threads,
+)
 
 
 class Interrupted(TiecliError):
@@ -72,6 +81,7 @@ class Setup:
     pairs_info: dict
     compiled: bool  # whether `forward` is torch.compile'd (compile: auto resolved)
     forward: Callable  # model(x, y) -> loss for the training step: the model itself, or its compiled graph
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaling; None under bf16 and fp32
 
 
 def make_optimizer(model: GPT, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -154,6 +164,7 @@ def prepare(config: Config) -> Setup:
         pairs_info,
         compiled,
         forward,
+        grad_scaler(device, dtype),
     )
 
 
@@ -223,11 +234,12 @@ def restore(s: Setup, ckpt: dict, name: str) -> TrainState:
     try:  # a checkpoint whose optimizer, RNG or loop state is not this run's: one line, not a traceback
         state = TrainState(**ckpt["state"])
         s.optimizer.load_state_dict(ckpt["optimizer"])
+        if s.scaler and "scaler" in ckpt:
+            s.scaler.load_state_dict(ckpt["scaler"])
         rng = distributed.rng_of_rank(ckpt)
         torch.set_rng_state(rng["torch"])
         s.sampler.set_state(rng["sampler"])
-        if s.device.type == "cuda" and "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"])
+        checkpoint.restore_device_rng(rng, s.device)
         state.loss_sum = rng.get("loss_sum", state.loss_sum)  # a rank's own train loss since the last log line
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         reason = (str(e).strip().splitlines() or [""])[0][:160]
@@ -376,8 +388,14 @@ def fit(
         present = micro_steps(s, loss_acc, diag_now)
         diag = grad_stats(s, present, buckets_t, state.step)
         model.emb.clear_split_grads()
+        if s.scaler:  # fp16: clip the true gradients; a step whose gradients overflowed is skipped
+            s.scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
-        optimizer.step()
+        if s.scaler:
+            s.scaler.step(optimizer)
+            s.scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         state.tokens += c.tokens_per_step
@@ -411,6 +429,8 @@ def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, st
     if present is None:
         return {}
     g_in, g_out, present = diagnostics.across_ranks(s.model.emb, *diagnostics.gradient_paths(s.model.emb), present)
+    if s.scaler:  # fp16: the gradients are still multiplied by the loss scale
+        g_in, g_out = g_in / s.scaler.get_scale(), g_out / s.scaler.get_scale()
     return diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
 
 
@@ -428,7 +448,7 @@ def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tenso
             present[x.flatten()] = True
         with s.autocast():
             loss = s.forward(x, y) / len(batches)
-        loss.backward()
+        (s.scaler.scale(loss) if s.scaler else loss).backward()
         loss_acc += loss.detach().float()
     return present
 
@@ -521,9 +541,7 @@ def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc
     state.loss_sum = loss_acc.item()
     if distributed.any_rank(not math.isfinite(state.loss_sum)):
         mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
-    rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state()}
-    if s.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state()
+    rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state(), **checkpoint.device_rng(s.device)}
     ranks = distributed.gather({**rng, "loss_sum": state.loss_sum})
     if run is None or ranks is None:
         return
@@ -535,6 +553,8 @@ def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc
     }
     if len(ranks) > 1:
         ckpt["rank_rng"] = ranks[1:]
+    if s.scaler:
+        ckpt["scaler"] = s.scaler.state_dict()
     run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
 
 
