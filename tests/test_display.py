@@ -3,6 +3,7 @@
 import io
 import re
 
+import pytest
 from conftest import TINY
 from rich.console import Console
 from typer.testing import CliRunner
@@ -42,6 +43,33 @@ def test_the_bar_fits_80_columns_with_step_total_and_eta_first():
     assert all(len(line) <= 80 for line in lines if "step" in line)
 
 
+def rendered(progress) -> str:
+    """The bar as it reads now, drawn on a console of its own at 80 columns."""
+    out = io.StringIO()
+    Console(file=out, force_terminal=True, width=80).print(progress.bar.get_renderable())
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()).strip()
+
+
+def test_the_bar_says_compiling_shows_the_val_loss_and_its_eta_leaves_out_the_compile(monkeypatch):
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80)
+    now = {"t": 0.0}
+    monkeypatch.setattr(display.time, "perf_counter", lambda: now["t"])
+    with display.TrainProgress(console, "r", total=500, start=0, log_interval=10, compiling=True) as progress:
+        progress.log(row(0, val=8.3408))  # step 0's evaluation comes before the first step
+        line = rendered(progress)
+        assert "compiling" in line and "val 8.341" in line and "ETA" not in line
+        now["t"] = 20.0  # the first step ends after a 20 s compile
+        progress.advance(1)
+        now["t"] = 21.0  # then 10 steps a second
+        progress.advance(11)
+        progress.log(row(11, loss=6.5, val=6.4459))
+        line = rendered(progress)
+    assert "compiling" not in line and "val 6.446" in line and "loss 6.500" in line
+    assert progress.eta(11, 21.0) == pytest.approx(48.9)  # 489 steps left at 0.1 s, not at 21 s / 11 steps
+    assert "ETA 0m48s" in line and len(line) <= 80
+
+
 def test_without_a_terminal_a_log_gets_plain_progress_and_evaluation_lines(isolated):
     result = CliRunner().invoke(app, ["train", *TINY, "--name", "plain"])
     assert result.exit_code == 0, result.output
@@ -74,3 +102,10 @@ def test_version_and_completion():
     assert runner.invoke(app, ["--version"]).output.strip() == f"tiecli {__version__}"
     result = runner.invoke(app, ["--show-completion", "bash"], prog_name="tiecli")
     assert result.exit_code == 0 and "complete" in result.output
+
+
+def test_a_log_says_when_the_first_step_waits_for_the_compile():
+    out = io.StringIO()
+    with display.TrainProgress(Console(file=out, width=200), "r", 500, 0, 10, compiling=True):
+        pass
+    assert "compiling the training step (torch.compile); the first step waits for it" in out.getvalue()

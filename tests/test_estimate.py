@@ -47,3 +47,23 @@ def test_the_dry_run_times_each_size_here_and_prints_the_estimate(isolated):
         r"^estimated wall time: \d+m\d\ds for 4 job\(s\), \d+m\d\ds of job time \(one at a time", result.output, re.M
     )
     assert not Path("runs").exists()
+
+
+def test_the_dry_run_times_on_the_free_cores_and_states_the_load(isolated, monkeypatch):
+    import torch
+
+    from tiecli import runtime
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(runtime, "_chosen", {"default": runtime.Threads(2, 2, None, "torch")})
+    monkeypatch.setattr(runtime, "affinity", lambda: {0, 1})
+    monkeypatch.setattr(runtime, "busy_cores", lambda cpus: 1.2)  # another job holds a core
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        result = tiecli("sweep", *TINY, "seed=0,1", "--name", "est", "--dry-run")
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    (timed,) = [line for line in result.output.splitlines() if line.startswith("timed on cpu")]
+    assert "1 thread, with 1.2 of 2 cores busy with other processes (assumed to last)" in timed

@@ -105,6 +105,15 @@ def failed(result, code: int, text: str) -> str:
     return ends_in_error(result.output, text)
 
 
+def stopped(result, text: str) -> str:
+    """Stopped on request (exit 130): the stop's line, not labelled an error, then the command that resumes."""
+    assert result.exit_code == 130, result.output
+    lines = result.output.strip().splitlines()
+    assert "Traceback" not in result.output and not any(line.startswith("error:") for line in lines), result.output
+    assert text in lines[-2] and lines[-1].startswith("resume with: tiecli train --resume runs/X"), result.output
+    return lines[-2]
+
+
 def contents(folder: Path) -> dict[str, bytes]:
     """Every file of a run but its lock, to show a refusal left it untouched."""
     return {
@@ -319,7 +328,7 @@ def sigterm_at_the_step_0_evaluation(monkeypatch):
 @pytest.mark.parametrize("then", ["resume", "rerun"])
 def test_sigterm_before_the_first_step_then_resume_or_rerun(isolated, monkeypatch, then):
     sigterm_at_the_step_0_evaluation(monkeypatch)
-    failed(tiecli("train", *RUN, "--name", "X"), 130, "interrupted at step 0/8")
+    stopped(tiecli("train", *RUN, "--name", "X"), "interrupted at step 0/8")
     run = isolated / "runs" / "X"
     assert rundir.RunReader(run).status() == "interrupted" and (run / rundir.CHECKPOINT).is_file()
     monkeypatch.setattr(training, "evaluate", EVALUATE)
@@ -339,7 +348,7 @@ def test_an_extension_stopped_midway_resumes_to_its_new_end(done, monkeypatch):
         return EVALUATE(*a, **kw)
 
     monkeypatch.setattr(training, "evaluate", evaluate)
-    failed(tiecli("train", *args("train.max_steps=16"), "--name", "X", "--resume"), 130, "interrupted at step 12/16")
+    stopped(tiecli("train", *args("train.max_steps=16"), "--name", "X", "--resume"), "interrupted at step 12/16")
     assert rundir.RunReader(done).config()["train"]["max_steps"] == 16
     monkeypatch.setattr(training, "evaluate", EVALUATE)
     result = tiecli("train", "--resume", done)  # no overrides: the run's own config.yaml
@@ -579,7 +588,7 @@ def test_ctrl_c_in_the_final_evaluation_then_resume_only_evaluates(isolated, mon
         return EVALUATE(*a, **kw)
 
     monkeypatch.setattr(training, "evaluate", evaluate)
-    failed(tiecli("train", *RUN, "--name", "X"), 130, "interrupted during the final evaluation")
+    stopped(tiecli("train", *RUN, "--name", "X"), "interrupted during the final evaluation")
     run = isolated / "runs" / "X"
     reader = rundir.RunReader(run)
     assert reader.status() == "interrupted" and reader.summary().step == 8 and not reader.evals()

@@ -47,11 +47,13 @@ def weights(run_dir):
 
 
 @pytest.fixture
-def one_thread():
+def one_thread(monkeypatch):
     """Inductor's CPU kernels split some reductions over threads, and on a busy machine the last bits
     then vary from run to run (seen: 1e-8 in weights after 12 steps, on 2 threads); on one thread a
-    compiled run is bit-reproducible, which is what a resume must match."""
+    compiled run is bit-reproducible, which is what a resume must match. OMP_NUM_THREADS, so that
+    tiecli leaves the count alone."""
     threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
@@ -85,3 +87,68 @@ def test_compiled_training_resumes_exactly_and_agrees_with_eager(tmp_path, monke
     train.train(eager_cfg, tmp_path / "eager", False, files)
     eager = weights(tmp_path / "eager")
     assert all(torch.allclose(whole[k], eager[k], atol=1e-5, rtol=1e-4) for k in whole)
+
+
+def stat(*cpus):
+    """/proc/stat text with per-CPU (user, idle) tick counts, the other columns zero."""
+    lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+    lines += [f"cpu{i} {user} 0 0 {idle} 0 0 0 0 0 0" for i, (user, idle) in enumerate(cpus)]
+    return "\n".join([*lines, "intr 1 2 3", "ctxt 5"])
+
+
+def test_busy_cores_counts_what_other_processes_kept_busy_on_our_cpus():
+    texts = iter([stat((100, 900), (500, 500)), stat((200, 900), (550, 550))])  # cpu0 all busy, cpu1 half
+    assert runtime.busy_cores({0, 1}, read=lambda: next(texts), sleep=lambda s: None) == pytest.approx(1.5)
+    texts = iter([stat((100, 900), (500, 500)), stat((200, 900), (550, 550))])
+    assert runtime.busy_cores({1}, read=lambda: next(texts), sleep=lambda s: None) == pytest.approx(0.5)
+
+
+def test_threads_follow_the_free_cores_and_never_exceed_torchs_default():
+    assert runtime.pick_threads(2, 1.0, 2) == 1  # another job holds a core: one thread
+    assert runtime.pick_threads(2, 2.0, 2) == 1  # none free: still one
+    assert runtime.pick_threads(2, 0.3, 2) == 2  # background noise does not cost a thread
+    assert runtime.pick_threads(16, 4.0, 8) == 8 and runtime.pick_threads(16, 10.2, 8) == 6
+    assert runtime.pick_threads(2, None, 2) == 2  # not measurable: torch's default
+
+
+@pytest.fixture
+def fresh_threads(monkeypatch):
+    """A fresh per-process thread choice, on two CPUs whose load the test sets; torch's count restored after."""
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(runtime, "_chosen", {"default": runtime.Threads(2, 2, None, "torch")})
+    monkeypatch.setattr(runtime, "affinity", lambda: {0, 1})
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    load = {"busy": 0.0}
+    monkeypatch.setattr(runtime, "busy_cores", lambda cpus: load["busy"])
+    yield load
+    torch.set_num_threads(threads)
+
+
+def test_a_busy_machine_trains_on_the_free_cores_and_says_so(isolated, fresh_threads):
+    from typer.testing import CliRunner
+
+    from tiecli.cli import app
+
+    fresh_threads["busy"] = 1.0
+    result = CliRunner().invoke(app, ["train", *TINY, "--name", "r"])
+    assert result.exit_code == 0, result.output
+    assert "note: 1.0 of 2 cores are busy with other processes; running on 1 thread" in result.output
+    assert rundir.RunReader(isolated / "runs" / "r").summary().threads == 1 == torch.get_num_threads()
+
+    fresh_threads["busy"] = 0.0  # the machine is free again, but a resume keeps the run's own count
+    result = CliRunner().invoke(app, ["train", "--resume", "runs/r", "train.max_steps=15"])
+    assert result.exit_code == 0, result.output
+    assert rundir.RunReader(isolated / "runs" / "r").summary().threads == 1
+
+
+def test_omp_num_threads_wins_and_is_warned_about_when_too_many(fresh_threads, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    torch.set_num_threads(2)
+    fresh_threads["busy"] = 1.6
+    chosen = runtime.use_threads(CPU)
+    assert (chosen.n, chosen.source) == (2, "OMP_NUM_THREADS") and torch.get_num_threads() == 2
+    assert chosen.warning() == (
+        "warning: 1.6 of 2 cores are busy with other processes, and OMP_NUM_THREADS sets 2 threads; fewer may be faster"
+    )
+    assert runtime.Threads(1, 2, 1.9, "auto").warning().startswith("warning: the machine is oversubscribed")
+    assert runtime.Threads(2, 2, 0.2, "auto").warning() is None

@@ -13,7 +13,7 @@ from tiecli import checkpoint, config, rundir, tokenizer
 from tiecli.cli import app
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, TYING_MODES
-from tiecli.sample import Options, encode_prompt, pick, sample_run
+from tiecli.sample import Options, draw, encode_prompt, pick, prepare, sample_run
 
 runner = CliRunner()
 
@@ -137,7 +137,7 @@ def test_bad_input_is_one_line(tmp_path):
     one_line_error(tiecli("sample", run, "--prompt-file", tmp_path / "latin1.txt"), 1, "is not UTF-8 text (byte 3)")
     one_line_error(tiecli("sample", run, "--prompt", ""), 2, "the prompt is empty")
     one_line_error(tiecli("sample", run, "--step", "7"), 1, "full weights only at step 0; choose latest or 0")
-    one_line_error(tiecli("sample", run, "--temperature", "-1"), 2, "--temperature -1.0 must be >= 0")
+    one_line_error(tiecli("sample", run, "--temperature", "-1"), 2, "--temperature -1.0 must be a finite number >= 0")
     one_line_error(tiecli("sample", run, "--top-k", "-1"), 2, "--top-k -1 must be >= 0 (0: every token)")
     one_line_error(tiecli("sample", run, "--num-samples", "0"), 2, "--num-samples 0 must be at least 1")
     one_line_error(tiecli("sample", run, "--top-p", "1.5"), 2, "--top-p 1.5 must be in (0, 1]")
@@ -153,3 +153,30 @@ def test_a_prompt_the_tokenizer_cannot_encode():
         encode_prompt(ascii_only, "h\udcff", 128)  # a command line's undecodable byte
     text = "naïve 🙂 — ok"  # bytes cover everything
     assert tokenizer.byte_level().decode(encode_prompt(tokenizer.byte_level(), text, 256)) == text
+
+
+def test_one_sample_streams_token_by_token_and_long_prompts_are_cut(tmp_path):
+    c, _ = make_run(tmp_path / "run")
+    o = options(num_samples=1, max_new_tokens=40, prompt="ROMEO:")
+    chunks: list[str] = []
+    streamed = draw(prepare(tmp_path / "run", c, "latest", o), stream=chunks.append)
+    assert len(chunks) >= 10 and "".join(chunks) == streamed.samples[0].text  # as drawn, and all of it
+    assert streamed == sample_run(tmp_path / "run", c, "latest", o)  # streaming changes nothing drawn
+
+    prompt = "To be, or not to be, that is the question:\n" * 100  # 4,300 characters
+    result = tiecli("sample", tmp_path / "run", "--prompt", prompt, "--max-new-tokens", 5)
+    assert result.exit_code == 0, result.output
+    assert "(4,300 characters)" in result.output.splitlines()[0] and len(result.output) < 600
+    assert result.output.count("that is the question") <= 5  # the prompt's end, not all of it
+
+
+def test_absurd_options_are_refused_or_clamped_with_a_note(tmp_path):
+    make_run(tmp_path / "run")
+    run = tmp_path / "run"
+    one_line_error(tiecli("sample", run, "--temperature", "inf"), 2, "--temperature inf must be a finite number >= 0")
+    one_line_error(tiecli("sample", run, "--temperature", "nan"), 2, "--temperature nan must be a finite number")
+    one_line_error(tiecli("sample", run, "--step", "abc"), 2, "--step 'abc' must be latest or a step number")
+    result = tiecli("sample", run, "--top-k", 10**9, "--max-new-tokens", 4)
+    assert result.exit_code == 0, result.output
+    assert "note: --top-k 1000000000 is more than the vocabulary's 256 tokens; every token is kept" in result.output
+    assert "top-k 256" in result.output

@@ -5,8 +5,10 @@ Heavy imports (torch) happen inside the commands, so `tiecli --help` answers at 
 """
 
 import contextlib
+import difflib
 import json
 import re
+import shlex
 from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
@@ -100,6 +102,10 @@ DryRun = Annotated[
 Estimate = Annotated[
     bool, typer.Option("--estimate/--no-estimate", help="With --dry-run: time a few steps per model size here")
 ]
+RunsDir = Annotated[
+    Path, typer.Option("--runs-dir", help="Folder where a bare run NAME is looked up (RUN may also be a path)")
+]
+Multirun = Annotated[bool, typer.Option("-m", "--multirun", hidden=True, help="Hydra's multirun: tiecli sweep does it")]
 
 
 @contextlib.contextmanager
@@ -108,6 +114,9 @@ def user_errors():
     try:
         yield
     except TiecliError as e:
+        if e.exit_code == 130:  # stopped on request (Ctrl-C, SIGTERM): what happened, not an error
+            err_console.print(escape(str(e)), highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
         fail(str(e), e.exit_code)
     except OSError as e:  # disk full, read-only folder, a name too long, a file where a folder should be
         where = f": {e.filename}" if e.filename else ""
@@ -161,6 +170,7 @@ def train(
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
     config_dir: ConfigDir = None,
     nproc: Nproc = None,
+    multirun: Multirun = False,
 ):
     """Train one model and evaluate it into runs/<name>/.
 
@@ -171,8 +181,14 @@ def train(
         from tiecli import config, distributed
         from tiecli import resume as resuming
 
+        if multirun:
+            raise ConfigError(
+                f"-m: tiecli train trains one run; for several, `{shlex.join(['tiecli', 'sweep', *overrides])}`"
+            )
         if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
             run_arg = Path(overrides.pop(0))
+            if not rundir.is_run_dir(run_arg) and rundir.is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
+                run_arg = runs_dir / run_arg
             runs_dir, name = run_arg.parent, run_arg.name
         if name is not None and not name.strip():
             raise TiecliError("--name is empty; give a name, or leave --name out for the default")
@@ -196,9 +212,24 @@ def train(
             run_config = config.to_config(cfg)
             from tiecli.train import train as train_run
 
-            summary = train_run(run_config, path, resume, files)
+            try:
+                summary = train_run(run_config, path, resume, files)
+            except TiecliError as e:
+                if e.exit_code == 130 and rundir.is_run_dir(path) and distributed.is_rank0():
+                    raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
+                raise
         if summary is not None:  # None on ranks other than 0: rank 0 reports
             show_trained(path, summary, run_config)
+
+
+def resume_command(path: Path, config_dir: Path | None) -> str:
+    """The command that continues this run, to copy and paste: relative to here when it lies below."""
+    from tiecli import distributed
+
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    world = distributed.world_size()
+    args = ["tiecli", "train", "--resume", str(shown), *(["--nproc", str(world)] if world > 1 else [])]
+    return shlex.join(args + (["--config-dir", str(config_dir)] if config_dir else []))
 
 
 def start_ranks(nproc: int, args: list[str], resume: bool, config_dir: Path | None) -> int:
@@ -217,10 +248,10 @@ def show_trained(path: Path, summary, run_config) -> None:
         console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
     console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
     if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
-        from tiecli.sample import DEFAULT_PROMPT, Options, sample_run
+        from tiecli.sample import DEFAULT_PROMPT, Options, prepare
 
         n = run_config.train.sample_tokens
-        show_samples([sample_run(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))])
+        stream_sample(prepare(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0)))
 
 
 def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
@@ -258,12 +289,14 @@ def eval_(
             "4 times the validation split, else a fixed evenly spaced subset of that size"
         ),
     ] = Split.val,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency on a split.
 
     Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
     """
     with user_errors():
+        run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.evaluate import evaluate_run
 
@@ -307,7 +340,7 @@ def geometry(
         Path | None, typer.Argument(help="A run directory (or --model PATH instead)", show_default=False)
     ] = None,
     model: Annotated[
-        Path | None,
+        str | None,  # a str, not a Path: Path("") would read as "." and hide an empty value
         typer.Option(
             "--model",
             help="A pretrained model instead of a run: a .gguf file or a Hugging Face folder with config.json and "
@@ -333,6 +366,7 @@ def geometry(
             help="With --model: write DIR/pretrained.json, which `tiecli report DIR ...` shows as a reference row"
         ),
     ] = None,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Recompute the geometry of a run's token matrices from its checkpoint, or measure a pretrained model's.
 
@@ -342,14 +376,19 @@ def geometry(
     """
     with user_errors():
         if model is not None:
+            if not model.strip():
+                raise ConfigError(
+                    "--model is empty; give a .gguf file or a Hugging Face folder (config.json, *.safetensors)"
+                )
             if run is not None or step != "latest" or write:
                 raise ConfigError("--model measures a pretrained model: give it without a RUN, --step or --write")
-            show_pretrained(model, pairs, out, as_json)
+            show_pretrained(Path(model), pairs, out, as_json)
             return
         if run is None:
             raise ConfigError("give a RUN directory, or --model PATH for a pretrained model")
         if out is not None:
             raise ConfigError("--out is for --model; a run's entry goes into its own geometry.json with --write")
+        run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.diagnostics import geometry_of_run
 
@@ -394,12 +433,14 @@ def export(
         ),
     ] = ExportTarget.hf,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it already holds files")] = False,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Export a run's last checkpoint for transformers (AutoModelForCausalLM) or as plain safetensors.
 
     Example: tiecli export runs/micro-tied-bpe4096-shakespeare-s0 --to hf exported/micro-tied
     """
     with user_errors():
+        run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.export import export_run
 
@@ -436,22 +477,65 @@ def sample(
     compare: Annotated[
         Path | None, typer.Option(help="A second run, sampled with the same prompt and seed, printed side by side")
     ] = None,
+    runs_dir: RunsDir = Path("runs"),
 ):
     """Generate text from a run's checkpoint (every tying mode); the same seed gives the same text.
 
     Example: tiecli sample runs/micro-tied-bpe4096-shakespeare-s0 --prompt "ROMEO:" --num-samples 3
     """
     with user_errors():
-        from tiecli.sample import Options, read_prompt, sample_run
+        from tiecli.sample import Options, check_step, prepare, read_prompt, sample_run
 
         options = Options(
             read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed
         )
-        results = [sample_run(r, load_run_config(r), step, options) for r in [run, *([compare] if compare else [])]]
+        options.check()
+        check_step(step)
+        chosen = [find_run(r, runs_dir) for r in [run, *([compare] if compare else [])]]
+        if not as_json and len(chosen) == 1 and num_samples == 1:  # one text: printed as it is drawn
+            stream_sample(prepare(chosen[0], load_run_config(chosen[0]), step, options))
+            return
+        results = [sample_run(r, load_run_config(r), step, options) for r in chosen]
         if as_json:
+            for note in results[0].notes:
+                err_console.print(note, highlight=False, markup=False, soft_wrap=True)
             print(json.dumps([r.to_dict() for r in results] if compare else results[0].to_dict(), indent=2))
         else:
             show_samples(results)
+
+
+PROMPT_SHOWN = 200  # a longer prompt is echoed before its continuation by its last this many characters
+
+
+def shown_prompt(prompt: str) -> str:
+    return prompt if len(prompt) <= PROMPT_SHOWN else "…" + prompt[-PROMPT_SHOWN:]
+
+
+def show_header(samples) -> None:
+    """The notes (clamped options) and one line naming the prompt (its start and length, when long) and options."""
+    for note in samples.notes:
+        err_console.print(note, highlight=False, markup=False, soft_wrap=True)
+    o, prompt = samples.options, samples.prompt
+    about = repr(prompt) if len(prompt) <= 60 else f"{prompt[:40]!r}... ({len(prompt):,} characters)"
+    console.print(
+        f"prompt {about}, seed {o['seed']}, temperature {o['temperature']}, top-k {o['top_k']}, top-p {o['top_p']}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def stream_sample(sampling) -> None:
+    """One sample, its text printed token by token as it is drawn."""
+    from rich.text import Text
+
+    from tiecli.sample import draw
+
+    show_header(sampling.header)
+    console.print(Text(shown_prompt(sampling.header.prompt)), end="", soft_wrap=True)
+    draw(sampling, stream=lambda text: console.print(Text(text), end="", soft_wrap=True))
+    console.print()
+    console.print("-" * 40)
 
 
 def show_samples(results) -> None:
@@ -459,21 +543,15 @@ def show_samples(results) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    o = results[0].options
-    console.print(
-        f"prompt {results[0].prompt!r}, seed {o['seed']}, temperature {o['temperature']}, "
-        f"top-k {o['top_k']}, top-p {o['top_p']}",
-        highlight=False,
-        markup=False,
-    )
+    show_header(results[0])
     if len(results) == 1:
         for s in results[0].samples:
-            console.print(Text(results[0].prompt + s.text))
+            console.print(Text(shown_prompt(results[0].prompt) + s.text), soft_wrap=True)
             console.print("-" * 40)
         return
     table = Table(*(f"{r.run} (step {r.step})" for r in results), show_lines=True)
     for row in zip(*(r.samples for r in results)):
-        table.add_row(*(Text(r.prompt + s.text) for r, s in zip(results, row)))
+        table.add_row(*(Text(shown_prompt(r.prompt) + s.text) for r, s in zip(results, row)))
     console.print(table)
 
 
@@ -484,6 +562,22 @@ def load_run_config(run: Path):
     if not rundir.is_run_dir(run):
         raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
     return config.from_dict(rundir.RunReader(run).config(), run)
+
+
+def find_run(run: Path, runs_dir: Path) -> Path:
+    """RUN as given, else a bare name under --runs-dir (as `train --name NAME --resume` finds it); one line
+    naming the nearest run there when neither is a run."""
+    if rundir.is_run_dir(run) or run.is_absolute():
+        return run
+    if rundir.is_run_dir(runs_dir / run):
+        return runs_dir / run
+    names = [str(p.parent.relative_to(runs_dir)) for p in runs_dir.rglob(rundir.SUMMARY)] if runs_dir.is_dir() else []
+    by_last = {Path(n).name: n for n in names}  # a nested run's last part: `first` for ablation/first
+    near = difflib.get_close_matches(str(run), names, n=1) or [
+        by_last[m] for m in difflib.get_close_matches(run.name, list(by_last), n=1)
+    ]
+    hint = f"; did you mean {runs_dir / near[0]}?" if near else ""
+    raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG}){hint}")
 
 
 @app.command()
@@ -588,6 +682,9 @@ def report(
             "(default: one per claim). Repeatable",
         ),
     ] = None,
+    runs_dir: Annotated[
+        Path, typer.Option("--runs-dir", help="Folder where a bare name (a run, sweeps/NAME) is looked up")
+    ] = Path("runs"),
 ):
     """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 
@@ -600,7 +697,10 @@ def report(
         from tiecli.report import report as write_report
 
         options = Options(tuple(select or ()), tuple(sesoi or ()), target_loss, tuple(family or ()))
-        write_report(paths or [Path("runs")], baseline, out, console, options)
+        found = [
+            p if p.exists() or p.is_absolute() or not (runs_dir / p).exists() else runs_dir / p for p in paths or []
+        ]
+        write_report(found or [runs_dir], baseline, out, console, options)
 
 
 @app.command()

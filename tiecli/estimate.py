@@ -7,6 +7,8 @@ timed, after one untimed warm-up step (allocation, torch.compile), as is one for
 evaluation batch. A job then takes steps x step time + its in-training evaluations (validation and
 training subsets, train.eval_batches batches each) x batch time. Data preparation, the gradient
 diagnostics and the final full-split evaluations are not counted, so the estimate is a lower bound.
+On a CPU the steps run on the threads a job would use (runtime.use_threads: the cores other
+processes leave free, or OMP_NUM_THREADS), and the estimate assumes the load measured then lasts.
 """
 
 import dataclasses
@@ -18,7 +20,7 @@ import torch
 
 from tiecli.config import Config
 from tiecli.model import GPT
-from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype
+from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
 from tiecli.train import make_optimizer
 
 TIMED_STEPS = 3  # optimizer steps timed per size, fewer when they take longer than BUDGET_S
@@ -32,6 +34,16 @@ class Pace:
     steps: int  # optimizer steps timed
     device: str
     dtype: str
+    threads: int = 1  # torch threads the steps ran on
+    busy: float | None = None  # cores other processes kept busy meanwhile (CPU; None: not measured)
+    cpus: int = 1
+
+    def load(self) -> str:
+        """What the timing assumed of the machine, for the dry run's line."""
+        where = f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        if self.device != "cpu" or self.busy is None:
+            return where
+        return f"{where}, with {self.busy:.1f} of {self.cpus} cores busy with other processes (assumed to last)"
 
 
 def size_key(c: Config) -> tuple:
@@ -42,6 +54,7 @@ def size_key(c: Config) -> tuple:
 def measure(c: Config, clock: Callable[[], float] = time.perf_counter) -> Pace:
     """Time a few optimizer steps and an evaluation batch of this config's model here, on random tokens."""
     device = pick_device(c.device)
+    threads = use_threads(device)
     dtype = pick_dtype(c.dtype, device)
     autocast = autocast_for(device, dtype)
     model = GPT(c.model, seed=c.seed).to(device)
@@ -74,7 +87,7 @@ def measure(c: Config, clock: Callable[[], float] = time.perf_counter) -> Pace:
     model.eval()
     with torch.no_grad():
         eval_s, _ = timed(lambda: _forward(model, x, y, autocast), TIMED_STEPS)
-    return Pace(step_s, eval_s, steps, str(device), dtype)
+    return Pace(step_s, eval_s, steps, str(device), dtype, threads.n, threads.busy, threads.cpus)
 
 
 def _forward(model: GPT, x: torch.Tensor, y: torch.Tensor, autocast) -> None:

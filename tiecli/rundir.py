@@ -89,7 +89,7 @@ class Summary:
     final_val: dict | None = None
     world_size: int = 1  # processes training together (DDP under torchrun)
     batch: dict | None = None  # the global batch: global = micro_batch x grad_accum x world_size sequences, and tokens
-    threads: int | None = None  # CPU threads (torch.get_num_threads) of the last training session; None: older runs
+    threads: int | None = None  # torch's CPU threads per process (runtime.use_threads); None in older runs
     format: int = FORMAT
 
 

@@ -8,10 +8,16 @@ benchmarks/throughput.py:
            bf16 matmuls run at about twice the fp32 rate; fp32 elsewhere.
   compile  on CUDA always; on CPU when the run has at least COMPILE_MIN_STEPS_CPU steps, the
            point where the compiled step's saving repays the cold compile; never on MPS.
+  threads  on CPU, one torch thread per core that other processes leave free (pick_threads);
+           OMP_NUM_THREADS, when set, wins. benchmarks/threads.py measures why.
 """
 
 import contextlib
+import math
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +32,122 @@ from tiecli.errors import TiecliError
 COMPILE_MIN_STEPS_CPU = 500
 FP16_TENSOR_CORES = (7, 0)  # compute capability of the first GPUs with fp16 tensor cores (Volta)
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# /proc/stat is sampled over this long before training starts: long enough to average a busy
+# process's scheduling ticks (10 ms each) over 20 of them, short enough not to be noticed.
+BUSY_SAMPLE_S = 0.2
+
+
+@dataclass
+class Threads:
+    """The torch (intra-op) threads a command uses, and what they were chosen from."""
+
+    n: int
+    cpus: int  # CPUs this process may run on (its affinity)
+    busy: float | None  # cores of those busy with other processes when measured; None: not measurable here
+    source: str  # "OMP_NUM_THREADS", "auto" (from the free cores) or "run" (a resumed run's own count)
+
+    def free(self) -> float | None:
+        return None if self.busy is None else max(0.0, self.cpus - self.busy)
+
+    def warning(self) -> str | None:
+        """One line when the machine is oversubscribed or the threads were cut to the free cores; None otherwise."""
+        free = self.free()
+        if free is None:
+            return None
+        load = f"{self.busy:.1f} of {self.cpus} cores are busy with other processes"
+        plural = "s" if self.n > 1 else ""
+        if self.source != "auto" and self.n > max(1, math.floor(free + 0.5)):
+            given = "OMP_NUM_THREADS sets" if self.source == "OMP_NUM_THREADS" else "the resumed run keeps"
+            return f"warning: {load}, and {given} {self.n} thread{plural}; fewer may be faster"
+        if self.source == "auto" and free < 0.5:
+            return f"warning: the machine is oversubscribed ({load}); running on 1 thread, slowly"
+        if self.source == "auto" and self.n < self.cpus:
+            return f"note: {load}; running on {self.n} thread{plural} (OMP_NUM_THREADS=N chooses)"
+        return None
+
+
+def read_proc_stat() -> str:
+    with open("/proc/stat") as f:
+        return f.read()
+
+
+def cpu_ticks(stat: str, cpus: set[int]) -> tuple[int, int]:
+    """(busy, total) scheduler ticks of these CPUs since boot, from /proc/stat's per-CPU lines."""
+    busy = total = 0
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            ticks = [int(x) for x in fields[:8]]  # user nice system idle iowait irq softirq steal
+            total += sum(ticks)
+            busy += sum(ticks) - ticks[3] - ticks[4]
+    return busy, total
+
+
+def busy_cores(
+    cpus: set[int],
+    read: Callable[[], str] = read_proc_stat,
+    sleep: Callable[[float], None] = time.sleep,
+    seconds: float = BUSY_SAMPLE_S,
+) -> float | None:
+    """How many of these CPUs other processes kept busy over `seconds` (this one sleeps meanwhile).
+
+    From /proc/stat (Linux); elsewhere the 1-minute load average, which lags by about a minute;
+    None where neither exists."""
+    try:
+        busy0, total0 = cpu_ticks(read(), cpus)
+        sleep(seconds)
+        busy1, total1 = cpu_ticks(read(), cpus)
+    except OSError:
+        try:
+            return min(float(len(cpus)), os.getloadavg()[0])
+        except (OSError, AttributeError):
+            return None
+    if total1 <= total0:
+        return None
+    return len(cpus) * (busy1 - busy0) / (total1 - total0)
+
+
+def pick_threads(cpus: int, busy: float | None, default: int) -> int:
+    """One thread per free core (a core counts as free when at least half of it is): at least 1, at most
+    torch's default. An OpenMP thread on a core another process holds stalls every other thread at each
+    barrier, so a thread too many costs far more than a thread too few (benchmarks/threads.py)."""
+    if busy is None:
+        return default
+    return max(1, min(default, math.floor(cpus - busy + 0.5)))
+
+
+def affinity() -> set[int]:
+    """The CPUs this process may run on (taskset, cgroups' cpusets, SLURM's --cpus-per-task)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+_chosen: dict[str, Threads] = {}  # one choice per process, so two runs in one process compute alike
+
+
+def use_threads(device: torch.device, keep: int | None = None) -> Threads:
+    """Set torch's threads for this process, once: OMP_NUM_THREADS when set; else `keep` (a resumed
+    run's own count, so it computes as before); else on CPU one per free core. Elsewhere torch's default."""
+    if "threads" in _chosen and keep is None:
+        return _chosen["threads"]
+    cpus = affinity()
+    default = _chosen["default"].n if "default" in _chosen else torch.get_num_threads()
+    _chosen["default"] = Threads(default, len(cpus), None, "torch")
+    busy = busy_cores(cpus) if device.type == "cpu" else None
+    if os.environ.get("OMP_NUM_THREADS"):
+        threads = Threads(torch.get_num_threads(), len(cpus), busy, "OMP_NUM_THREADS")
+    elif keep is not None:
+        threads = Threads(keep, len(cpus), busy, "run")
+    elif device.type == "cpu":
+        threads = Threads(pick_threads(len(cpus), busy, default), len(cpus), busy, "auto")
+    else:
+        threads = Threads(default, len(cpus), None, "torch")
+    torch.set_num_threads(threads.n)
+    _chosen["threads"] = threads
+    return threads
 
 
 def pick_device(name: str) -> torch.device:

@@ -12,7 +12,10 @@ further token runs the model over the last block_size tokens, as training saw th
 "tiecli sample" for what the cache saves at the shipped sizes.
 """
 
-from dataclasses import asdict, dataclass
+import codecs
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import tiktoken
@@ -23,7 +26,7 @@ from tiecli.config import SEED_LIMIT, Config
 from tiecli.data import load_corpus
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPT, KVCache
-from tiecli.runtime import pick_device
+from tiecli.runtime import pick_device, use_threads
 
 DEFAULT_PROMPT = "\n"  # nanoGPT's start: every tokenizer here has it, and it begins a line of the text
 
@@ -43,7 +46,10 @@ class Options:
         checks = (
             (self.num_samples >= 1, f"--num-samples {self.num_samples} must be at least 1"),
             (self.max_new_tokens >= 1, f"--max-new-tokens {self.max_new_tokens} must be at least 1"),
-            (self.temperature >= 0, f"--temperature {self.temperature} must be >= 0 (0: always the most likely token)"),
+            (
+                math.isfinite(self.temperature) and self.temperature >= 0,
+                f"--temperature {self.temperature} must be a finite number >= 0 (0: always the most likely token)",
+            ),
             (self.top_k >= 0, f"--top-k {self.top_k} must be >= 0 (0: every token)"),
             (0 < self.top_p <= 1, f"--top-p {self.top_p} must be in (0, 1] (1: every token)"),
             (0 <= self.seed < SEED_LIMIT, f"--seed {self.seed} must be an integer in [0, 2**63)"),
@@ -69,9 +75,16 @@ class Samples:
     prompt_ids: list[int]
     options: dict
     samples: list[Sample]
+    notes: list[str] = field(default_factory=list)  # options clamped to what the model has, said once each
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def check_step(step: str) -> None:
+    """--step: latest or a whole number of steps (a usage error otherwise, exit 2)."""
+    if step != "latest" and not step.isdigit():
+        raise ConfigError(f"--step {step!r} must be latest or a step number (e.g. --step 500)")
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -134,10 +147,17 @@ def load(run_dir: Path, config: Config, step: str) -> tuple[GPT, tiktoken.Encodi
 
 
 @torch.inference_mode()
-def generate(model: GPT, prompt_ids: list[int], o: Options, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def generate(
+    model: GPT,
+    prompt_ids: list[int],
+    o: Options,
+    device: torch.device,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, max_new_tokens) token ids and their log-probabilities under the model, N = o.num_samples.
 
     The context is the last block_size tokens, as in training; each sample's stream is its own.
+    on_token gets each new (N,) token as soon as it is drawn (for streaming).
     """
     block_size = model.config.block_size
     root = torch.Generator().manual_seed(o.seed)
@@ -156,6 +176,8 @@ def generate(model: GPT, prompt_ids: list[int], o: Options, device: torch.device
         token = pick(logits, o, uniforms)  # (N,)
         new_ids.append(token)
         new_logprobs.append(logprobs.gather(1, token[:, None])[:, 0])
+        if on_token is not None:
+            on_token(token)
         idx = torch.cat([idx, token[:, None]], dim=1)
     return torch.stack(new_ids, dim=1).cpu(), torch.stack(new_logprobs, dim=1).cpu()
 
@@ -186,16 +208,74 @@ def pick(logits: torch.Tensor, o: Options, uniforms: torch.Tensor) -> torch.Tens
     return torch.searchsorted(cdf, u, right=True)[:, 0].clamp(max=probs.size(-1) - 1)
 
 
-def sample_run(run_dir: Path, config: Config, step: str, o: Options) -> Samples:
-    """`tiecli sample RUN`: o.num_samples continuations of o.prompt from the run's checkpoint."""
+def clamp(o: Options, vocab_size: int) -> tuple[Options, list[str]]:
+    """Options beyond what the model has, cut to it, and a note saying so."""
+    if o.top_k > vocab_size:
+        note = f"note: --top-k {o.top_k} is more than the vocabulary's {vocab_size} tokens; every token is kept"
+        return replace(o, top_k=vocab_size), [note]
+    return o, []
+
+
+def streamer(
+    encoding: tiktoken.Encoding, write: Callable[[str], None]
+) -> tuple[Callable[[torch.Tensor], None], Callable[[], None]]:
+    """on_token for generate, writing sample 0's text as it grows, each character once its UTF-8 bytes
+    are all there (a byte-level token may hold part of one); and the call that flushes what is left."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def on_token(token: torch.Tensor) -> None:
+        text = decoder.decode(encoding.decode_single_token_bytes(int(token[0])))
+        if text:
+            write(text)
+
+    def finish() -> None:
+        text = decoder.decode(b"", final=True)
+        if text:
+            write(text)
+
+    return on_token, finish
+
+
+@dataclass
+class Sampling:
+    """A run's model loaded and the prompt encoded: what `draw` needs, and what to say before it draws."""
+
+    model: GPT
+    encoding: tiktoken.Encoding
+    device: torch.device
+    header: Samples  # run, step, prompt and options, with no samples yet
+
+
+def prepare(run_dir: Path, config: Config, step: str, o: Options) -> Sampling:
+    """Check the options, load the run's checkpoint and encode the prompt; options the model cannot
+    honour are clamped, with a note in header.notes."""
     o.check()
+    check_step(step)
+    o, notes = clamp(o, config.model.vocab_size)
     model, encoding, saved = load(run_dir, config, step)
     prompt_ids = encode_prompt(encoding, o.prompt, config.model.vocab_size)
+    options = {k: v for k, v in asdict(o).items() if k != "prompt"}
+    header = Samples(run_dir.name, saved, o.prompt, prompt_ids, options, [], notes)
     device = pick_device(config.device)
-    ids, logprobs = generate(model.to(device), prompt_ids, o, device)
+    use_threads(device)  # as training: the cores other processes leave free, or OMP_NUM_THREADS
+    return Sampling(model.to(device), encoding, device, header)
+
+
+def draw(s: Sampling, stream: Callable[[str], None] | None = None) -> Samples:
+    """The samples; with `stream`, sample 0's text goes to it as it is drawn."""
+    h = s.header
+    o = Options(h.prompt, **h.options)
+    on_token, finish = streamer(s.encoding, stream) if stream else (None, None)
+    ids, logprobs = generate(s.model, h.prompt_ids, o, s.device, on_token)
+    if finish:
+        finish()
     samples = [
-        Sample(encoding.decode(row.tolist(), errors="replace"), row.tolist(), [round(x, 6) for x in lp.tolist()])
+        Sample(s.encoding.decode(row.tolist(), errors="replace"), row.tolist(), [round(x, 6) for x in lp.tolist()])
         for row, lp in zip(ids, logprobs)
     ]
-    options = {k: v for k, v in asdict(o).items() if k != "prompt"}
-    return Samples(run_dir.name, saved, o.prompt, prompt_ids, options, samples)
+    return replace(h, samples=samples)
+
+
+def sample_run(run_dir: Path, config: Config, step: str, o: Options) -> Samples:
+    """`tiecli sample RUN`: o.num_samples continuations of o.prompt from the run's checkpoint."""
+    return draw(prepare(run_dir, config, step, o))

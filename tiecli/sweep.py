@@ -49,6 +49,7 @@ MANIFEST = "sweep.json"
 SAFE_NAME = re.compile(f"[{config.NAME_CHARS}]+")
 SAFE_VALUE = re.compile(r"[A-Za-z0-9._]+")  # a value shown as is in a default name: '-' separates them there
 NAME_LENGTH = 40
+JOB_NAME_LENGTH = 56  # "[12/24] NAME: completed at step 500" and the live table's row fit 80 columns
 BYTES_PER_PARAM = 4  # fp32 weights, also under bf16 autocast
 STUDY_KEYS = ("description", "axes", "fixed", "when", "add", "families")
 STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "failed": "red", "interrupted": "magenta"}
@@ -310,11 +311,14 @@ def plan(
     dirs = config.config_dirs(config_dir)
     job_overrides = split_launcher_overrides(overrides)[0]
     study, entries = expand(job_overrides, dirs)
-    jobs, configs = [], {}
+    composed = []
     for combo in combinations(entries, (study or {}).get("add", [])):
         job = apply_rules(list(combo), (study or {}).get("when", []))
-        cfg, choices = config.compose(job, config_dir)
-        job_name = config.run_name(choices, cfg, job)
+        composed.append((job, *config.compose(job, config_dir)))
+    shared = set.intersection(*(set(job) for job, _, _ in composed))
+    jobs, configs = [], {}
+    for job, cfg, choices in composed:
+        job_name = _job_name(choices, cfg, [line for line in job if line not in shared])
         configs[job_name] = config.to_config(cfg)  # a bad value in any job stops the sweep before anything runs
         jobs.append(rundir.SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
     names = [j.name for j in jobs]
@@ -340,8 +344,44 @@ def plan(
         jobs=jobs,
     )
     if (sweep_dir / MANIFEST).exists():
-        manifest = _merge(rundir.read_manifest(sweep_dir / MANIFEST), manifest)
+        old = rundir.read_manifest(sweep_dir / MANIFEST)
+        manifest, configs = _keep_old_names(old, manifest, configs)
+        manifest = _merge(old, manifest)
     return sweep_dir, manifest, configs
+
+
+def _job_name(choices: dict[str, str], cfg, varying: list[str]) -> str:
+    """config.run_name from the overrides that tell this job from the sweep's others (those every job
+    shares would add the same hash to every name); those that run_name would hash are written out
+    instead (train.lr=1e-3 -> lr1e-3) when that fits JOB_NAME_LENGTH, names apart and needs no quoting."""
+    base = config.run_name(choices, cfg, [])
+    hashed = config.run_name(choices, cfg, varying)
+    extras = [line for line in varying if config.run_name(choices, cfg, [line]) != base]
+    if not extras:
+        return hashed
+    keys = [line.split("=", 1)[0].lstrip("+~").rsplit(".", 1)[-1] for line in extras]
+    values = [line.split("=", 1)[1] if "=" in line else "" for line in extras]
+    written = "-".join([base, *(k + v for k, v in zip(keys, values))])
+    readable = len(set(keys)) == len(keys) and all(re.fullmatch(r"[A-Za-z0-9._-]+", v) for v in values)
+    return written if readable and len(written) <= JOB_NAME_LENGTH else hashed
+
+
+def _keep_old_names(
+    old: rundir.SweepManifest, new: rundir.SweepManifest, configs: dict[str, config.Config]
+) -> tuple[rundir.SweepManifest, dict[str, config.Config]]:
+    """A job already in the manifest keeps its name and folder (a sweep named before the shared hash was
+    dropped, or one whose shared overrides changed with the jobs added): the same overrides, the same run."""
+    by_overrides = {tuple(sorted(j.overrides)): j for j in old.jobs}
+    jobs, kept = [], {}
+    for job in new.jobs:
+        before = by_overrides.get(tuple(sorted(job.overrides)))
+        if before is not None and before.name != job.name:
+            kept[before.name] = configs[job.name]
+            job = dataclasses.replace(job, name=before.name, run_dir=before.run_dir, log=before.log)
+        else:
+            kept[job.name] = configs[job.name]
+        jobs.append(job)
+    return dataclasses.replace(new, jobs=jobs), kept
 
 
 def _merge(old: rundir.SweepManifest, new: rundir.SweepManifest) -> rundir.SweepManifest:
@@ -351,6 +391,14 @@ def _merge(old: rundir.SweepManifest, new: rundir.SweepManifest) -> rundir.Sweep
     never stops describing a run that sits in its folder.
     """
     known = {j.name: j for j in old.jobs}
+    changed = next(
+        (j for j in new.jobs if j.name in known and sorted(known[j.name].overrides) != sorted(j.overrides)), None
+    )
+    if changed:
+        raise TiecliError(
+            f"sweep {new.name!r}: job {changed.name!r} ran with `{' '.join(known[changed.name].overrides)}`, "
+            f"not `{' '.join(changed.overrides)}`; re-run it with the same overrides (`{old.command}`) or pick another --name"
+        )
     dropped = sorted(known.keys() - {j.name for j in new.jobs})
     if dropped:
         raise TiecliError(
@@ -980,7 +1028,7 @@ def estimate_lines(
                 console.print(f"timing {name} ...", highlight=False, markup=False, soft_wrap=True)
             paces[key] = p = estimate.measure(c)
             lines.append(
-                f"timed on {p.device} ({p.dtype}), like {name}: {p.step_s:.3g} s a step "
+                f"timed on {p.device} ({p.dtype}, {p.load()}), like {name}: {p.step_s:.3g} s a step "
                 f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
             )
     seconds = [estimate.job_seconds(c, paces[estimate.size_key(c)], done_steps[n]) for n, c in configs.items()]

@@ -28,7 +28,16 @@ from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, whole_split_limit
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
-from tiecli.runtime import autocast_for, compile_step, grad_scaler, pick_compile, pick_device, pick_dtype
+from tiecli.runtime import (
+    Threads,
+    autocast_for,
+    compile_step,
+    grad_scaler,
+    pick_compile,
+    pick_device,
+    pick_dtype,
+    use_threads,
+)
 
 
 class Interrupted(TiecliError):
@@ -307,26 +316,30 @@ def train(
     """
     console = console or Console(stderr=True, quiet=not distributed.is_rank0())
     with StopFlag() as stop:
+        threads = run_threads(config, run_dir, resume)
         s = prepare(config)
         if stop.requested:
             raise Interrupted("interrupted before the run started; nothing was written")
         run, state, resumed = open_on_ranks(s, run_dir, resume, files)
         if run is None:  # a rank other than 0: trains in step with rank 0 and writes nothing
-            with TrainProgress(console, run_dir.name, config.max_steps, state.step, config.train.log_interval) as p:
+            with TrainProgress(
+                console, run_dir.name, config.max_steps, state.step, config.train.log_interval, s.compiled
+            ) as p:
                 fit(s, None, state, p, stop, fresh=not resumed)
             return None
         with run:
             if resumed:
                 console.print(f"resuming {run_dir.name} from step {state.step}", highlight=False)
+            if threads.warning():
+                console.print(threads.warning(), highlight=False, markup=False, soft_wrap=True)
             console.print(distributed.batch_line(config.train, config.model.block_size), highlight=False)
             summary = run.reader.summary()
             summary.status, summary.error, summary.started = "running", None, now()
-            summary.max_steps = config.max_steps
-            summary.threads = torch.get_num_threads()  # what this session trains with (OMP_NUM_THREADS, --jobs)
+            summary.max_steps, summary.threads = config.max_steps, threads.n
             run.summary(summary)
             try:
                 with TrainProgress(
-                    console, run_dir.name, config.max_steps, state.step, config.train.log_interval
+                    console, run_dir.name, config.max_steps, state.step, config.train.log_interval, s.compiled
                 ) as progress:
                     fit(s, run, state, progress, stop, fresh=not resumed)
                     stop.check()
@@ -340,6 +353,13 @@ def train(
             except BaseException as e:
                 finish(run, summary, state, "failed", error=f"{type(e).__name__}: {e}".strip())
                 raise
+
+
+def run_threads(config: Config, run_dir: Path, resume: bool) -> Threads:
+    """This process's torch threads (runtime.use_threads); a resumed run keeps the count it trained with,
+    since another count sums in another order (the last bits of its losses would differ)."""
+    kept = rundir.RunReader(run_dir).summary().threads if resume and (run_dir / rundir.SUMMARY).is_file() else None
+    return use_threads(pick_device(config.device), kept)
 
 
 def fit(
@@ -402,7 +422,7 @@ def fit(
             save_checkpoint(s, run, state, loss_acc)
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
-        raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved, continue with --resume")
+        raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved")
 
 
 def grad_stats(
