@@ -258,6 +258,13 @@ def eval_(
             "4 times the validation split, else a fixed evenly spaced subset of that size"
         ),
     ] = Split.val,
+    step: Annotated[
+        str,
+        typer.Option(
+            help="latest (last.pt; recorded in eval.json), or a step with a full checkpoint "
+            "(train.keep_checkpoints keeps them): printed only"
+        ),
+    ] = "latest",
 ):
     """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency on a split.
 
@@ -267,7 +274,7 @@ def eval_(
         run_config = load_run_config(run)
         from tiecli.evaluate import evaluate_run
 
-        result = evaluate_run(run, run_config, split.value)
+        result = evaluate_run(run, run_config, split.value, step)
         console.print(display.eval_table(asdict(result), f"{run.name}: {split.value} at step {result.step}"))
 
 
