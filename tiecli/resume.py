@@ -25,12 +25,12 @@ from tiecli.model import GPTConfig
 EXTENDABLE = (
     "train.max_steps",
     "train.max_tokens",
+    "train.keep_checkpoints",  # how many past checkpoints stay on disk: nothing the run trains on
     "train.eval_interval",
     "train.evals",
     "train.eval_batches",
     "train.log_interval",
     "train.checkpoint_interval",
-    "train.keep_checkpoints",
     "eval.test",
 )
 EXTENDABLE_PREFIXES = ("diag.",)
