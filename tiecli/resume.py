@@ -96,9 +96,12 @@ def plan(
 def check_files(reader: rundir.RunReader, model: GPTConfig) -> None:
     """Read every file of the run that training reads or rewrites, so that one unreadable file is
     refused before anything changes rather than failing the run after it trained (FormatError)."""
-    reader.config(), reader.overrides(), reader.summary(), reader.trackers()
-    reader.metrics(), reader.evals(), reader.geometry()
-    checkpoint.load_embeddings(reader.path / rundir.INIT_CHECKPOINT, model, reader.name)  # geometry's reference
+    try:
+        reader.config(), reader.summary(), reader.trackers()  # overrides.yaml: read by plan(), for the choices
+        reader.metrics(), reader.evals(), reader.geometry()
+        checkpoint.load_embeddings(reader.path / rundir.INIT_CHECKPOINT, model, reader.name)  # geometry's reference
+    except TiecliError as e:
+        raise TiecliError(f"{e}; --resume left the run as it was") from None
 
 
 def check_checkpoint(reader: rundir.RunReader, ckpt: dict, log_interval: int) -> None:
@@ -132,6 +135,6 @@ def check_checkpoint(reader: rundir.RunReader, ckpt: dict, log_interval: int) ->
     rows = f"ends at step {last}" if last is not None else "has no rows"
     raise TiecliError(
         f"run {name}: {rundir.METRICS} {rows}, but {rundir.CHECKPOINT} is at step {step}, {written}: rows were "
-        "lost (the file was cut or emptied) or the checkpoint is another run's, and resuming would leave a gap "
-        "in the run's curves; put back its metrics.jsonl, or start a new run with another --name"
+        "lost (a cut or emptied file) or the checkpoint is another run's; resuming would leave a gap in the "
+        "curves: put back the run's metrics.jsonl, or start a new run with another --name"
     )
