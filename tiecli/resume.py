@@ -119,7 +119,7 @@ def check_checkpoint(reader: rundir.RunReader, ckpt: dict, log_interval: int) ->
             f"{summary.run_id}: it was copied from another run; put back this run's own, or train that one"
         )
     ended = summary.status in ("completed", "interrupted")  # both save a checkpoint at the step they record
-    if step > summary.step and summary.status != "running" or ended and step != summary.step:
+    if (step > summary.step and summary.status != "running") or (ended and step != summary.step):
         raise TiecliError(
             f"run {name}: {rundir.CHECKPOINT} is at step {step}, but {rundir.SUMMARY} says the run was "
             f"{summary.status} at step {summary.step}: the checkpoint is not this run's last one"
