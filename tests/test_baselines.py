@@ -60,7 +60,9 @@ def test_train_stores_the_baselines_and_the_report_puts_runs_against_them(isolat
     assert stored["unigram"]["perplexity"] > stored["bigram"]["perplexity"] > 1
     result = runner.invoke(app, ["report", "runs", "--out", "rep"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert "count-model baselines" in result.output and f"{stored['bigram']['perplexity']:.4g}" in result.output
+    assert "How far the runs got" in result.output  # the terminal's headline; the tables are in report.md
+    page = (isolated / "rep" / "report.md").read_text()
+    assert "count-model baselines" in page and f"{stored['bigram']['perplexity']:.4g}" in page
     (row,) = [r for r in csv.DictReader(open(isolated / "rep" / "results.csv")) if r["kind"] == "run"]
     assert float(row["epochs"]) == pytest.approx(summary.tokens / summary.corpus["train_tokens"])
     assert float(row["bigram_perplexity"]) == pytest.approx(stored["bigram"]["perplexity"])

@@ -8,6 +8,7 @@ from test_report import sweep, write_run  # noqa: F401 (sweep: a fixture, nano a
 from typer.testing import CliRunner
 
 from tiecli.cli import app
+from tiecli.report import claims as report_claims
 from tiecli.report import load, render
 from tiecli.report.groups import group_runs
 from tiecli.report.render import TableSpec
@@ -38,17 +39,76 @@ def printed(renderables, width: int = 80) -> str:
     return console.export_text()
 
 
-def test_every_header_of_every_table_shows_whole_at_80_columns(sweep):  # noqa: F811
+def table_cells(text: str) -> list[list[str]]:
+    """Every body cell of the rich tables in text, each cell as its lines: a row's first line has its
+    first cell filled, the lines below with an empty first cell continue it."""
+    rows: list[list[list[str]]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells[0] or not rows:
+            rows.append([[c] if c else [] for c in cells])
+        else:
+            for held, c in zip(rows[-1], cells):
+                held += [c] if c else []
+    return [cell for row in rows for cell in row]
+
+
+def crowded(lines: list[str]) -> bool:
+    """A cell folded to about a word a line: more than two lines, and fewer than two words on each."""
+    return len(lines) > max(2, (len(" ".join(lines).split()) + 1) // 2)
+
+
+def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep):  # noqa: F811
     result = runner.invoke(app, ["report", str(sweep)], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert max(map(len, result.output.splitlines())) <= 80 and "…" not in result.output
-    tables = markdown_tables((sweep / "report" / "report.md").read_text())
+    assert result.output.startswith("Compared: tied vs untied; model nano, micro")  # the headline first
+    assert header_cells(result.output) == {"claim", "comparison", "verdict", "measured [95% CI]"}
+    assert f"the rules: {sweep / 'report' / 'report.md'}" in " ".join(result.output.split())
+    cells = table_cells(result.output)
+    assert len(cells) > 40
+    assert not [lines for lines in cells if crowded(lines)]
+    # the files keep every table, every column in one table, and the rules after them
+    md = (sweep / "report" / "report.md").read_text()
+    tables = markdown_tables(md)
     geometry = next(headers for title, headers in tables.items() if title.startswith("Geometry"))
-    assert [name for _, name in render.GEOMETRY_COLUMNS] == geometry[1:]  # the file: every column in one table
-    assert "<th>forms contrast out</th>" in (sweep / "report" / "report.html").read_text()
-    shown = header_cells(result.output)
-    for title, headers in tables.items():
-        assert set(headers) <= shown, (title, set(headers) - shown)
+    assert [name for _, name in render.GEOMETRY_COLUMNS] == geometry[1:]
+    assert tables["Claims (tied vs untied, equal architecture unless stated)"] == [
+        "claim",
+        "comparison",
+        "figure",
+        "measured [95% CI]",
+        "verdict",
+        "why",
+    ]
+    assert md.index("Compared:") < md.index("## Parameters") < md.index("## Appendix: rules")
+    html = (sweep / "report" / "report.html").read_text()
+    assert "<th>forms contrast out</th>" in html
+    assert html.index("<div class=headline><p>Compared:") < html.index("<h2>Parameters") < html.index("Appendix: rules")
+
+
+def test_the_terminal_claims_table_keeps_long_cells_readable_at_80_columns():
+    """claim, comparison, verdict and measured in one table at 80 columns, no cell at a word a line; a row
+    without data says what it needs where the measurement would be."""
+    long = report_claims.Claim(
+        "R5/C2 gap (equal fit)",
+        "says",
+        "nano tied train.lr=0.001 -> micro tied train.lr=0.001",
+        "generalisation gap table",
+        "Δgap -0.0225 [-0.0593, 0.0144] nats at equal train loss (metrics.jsonl)",
+        "withheld: inconclusive",
+        "why",
+    )
+    empty = report_claims.missing("R5", "tied and untied runs at two or more values of tokens seen")
+    spec = render.claims_summary([long, empty])
+    assert spec.rows[1][2:] == ["no data", "needs tied and untied runs at two or more values of tokens seen"]
+    (table,) = render.rich_tables(spec, 80)
+    text = printed([table])
+    assert max(map(len, text.splitlines())) <= 80
+    assert [lines for lines in table_cells(text) if crowded(lines)] == []
+    assert "withheld:" in text and "(metrics.jsonl)" in text
 
 
 def wide_spec(n_columns: int = 10) -> TableSpec:

@@ -86,11 +86,13 @@ def make_run(
     status: str = "completed",
     error: str | None = None,
     keep_open: bool = False,
+    corpus: dict | None = None,
 ):
     """A run directory written through rundir.RunWriter as `tiecli train` writes one: config (with `seed`),
     overrides, a first summary, the metrics rows, the geometry entries, a whole-split val evaluation with
     loss final_loss, then the last summary with `status`. keep_open: return the writer, still holding the
-    run's lock (a run being written right now); else the run's path."""
+    run's lock (a run being written right now); else the run's path. corpus: summary.json's (its count-model
+    baselines), else one without baselines, as runs made before them."""
     config = {**config, "seed": seed}
     last = max(rows, key=lambda r: r.step)
     summary = rundir.Summary(
@@ -106,7 +108,7 @@ def make_run(
         dtype="fp32",
         compile=False,
         versions={"tiecli": "test"},
-        corpus={"key": "test"},
+        corpus=corpus or {"key": "test"},
         started="2025-01-01T00:00:00",
     )
     overrides = {"overrides": [f"{k}={v}" for k, v in choices.items()] + [f"seed={seed}"], "choices": choices}
@@ -411,6 +413,11 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
             ),
             ("C2/C7", f"{size} untied"): ([cka_end(s) - 0.2 for s in range(3)], -1, margin["cka"]),
             ("R6", f"{size} tied"): (pct(steps["tied"], steps["untied"]), +1, None),
+            ("C2/C7 drift", f"{size} tied"): (
+                [math.log(drifts(size, "tied", s)[0] / drifts(size, "untied", s)[0]) for s in range(3)],
+                -1,
+                math.log(1.1),
+            ),
         }
     for key, (values, direction, sesoi) in expected.items():
         row = claims[key]
@@ -544,6 +551,30 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
         len(data["runs"]) == 12 and groups["nano tied"]["n_seeds"] == 3
     )  # the sweep's runs, untouched by the broken ones
     assert "Skipped run directories" in (sweep.parent / "out" / "report.md").read_text()
+
+
+def test_completed_runs_with_nan_or_infinite_losses_are_left_out_each_on_one_named_line(sweep):
+    diverged = sweep.parent / "diverged"
+    write_run(diverged, "nano", "tied", 3, loss=math.nan)
+    write_run(diverged, "micro", "untied", 4, loss=math.inf)
+    result = runner.invoke(
+        app, ["report", str(sweep), str(diverged), "--out", str(sweep.parent / "out")], env={"COLUMNS": "300"}
+    )
+    assert result.exit_code == 0, result.output
+    data, groups, _ = results(sweep.parent / "out")
+    assert groups["nano tied"]["n_seeds"] == 3 and groups["micro untied"]["n_seeds"] == 3
+    assert all(math.isfinite(g["perplexity_mean"]) for g in groups.values())
+    reasons = {s["path"]: s["reason"] for s in data["skipped"]}
+    nan, inf = str(diverged / "nano-tied-s3"), str(diverged / "micro-untied-s4")
+    assert reasons == {
+        nan: "losses are NaN or infinite: val loss nan; loss nan, val_loss nan from step 10 (metrics.jsonl)",
+        inf: "losses are NaN or infinite: val loss inf; loss inf, val_loss inf from step 10 (metrics.jsonl)",
+    }
+    for path, reason in reasons.items():  # one line each on the terminal, naming the run and why
+        assert [line for line in result.output.splitlines() if path in line] == [f"skipped {path}: {reason}"]
+    listed = table_rows(tiecli("runs", diverged).output)
+    assert listed["nano-tied-s3"][1] == "completed, val loss not finite: left out of reports"
+    assert listed["nano-tied-s3"][5] == "nan"
 
 
 def test_a_second_run_of_a_seed_is_skipped_not_averaged(sweep):

@@ -1,8 +1,8 @@
 """The rules that turn measurements into verdicts, each on synthetic run directories (written through
-rundir.RunWriter) whose right answer is known by construction: R4 against the untied cosine, C2/C7 on
-in/out agreement, log-perplexity differences, Holm correction and SESOI verdicts, the per-pair
-convergence target, R5/C6 in two parts, equal parameters and equal compute, the generalisation gap
-and the test split, and --select."""
+rundir.RunWriter) whose right answer is known by construction: R4 against the untied cosine, R4 (pairs)
+against its matched null, C2/C7 on in/out agreement, log-perplexity differences, Holm correction and
+SESOI verdicts, the per-pair convergence target, R5/C6 in two parts, equal parameters and equal
+compute, the generalisation gap and the test split, and --select."""
 
 import math
 import statistics
@@ -138,12 +138,76 @@ def test_r4_judges_the_tied_cosine_against_the_untied_one(tmp_path):
     assert "Gradient paths of the token matrices" in (tmp_path / "out" / "report.md").read_text()
 
 
+# --- R4 (pairs): the article's mechanism, at the related-form pairs ----------------------------------------------
+
+
+def pair_diag(claimed, null, pull_in=0.6, push_out=0.6, cos=-0.5):
+    """One diag step's pair statistics (diagnostics.pair_gradients' keys): shares of related and null pairs."""
+    return {
+        "grad_cos": cos,
+        "pair_claimed": claimed,
+        "pair_claimed_null": null,
+        "pair_pull_in": pull_in,
+        "pair_pull_in_null": 0.5,
+        "pair_push_out": push_out,
+        "pair_push_out_null": 0.5,
+        "pair_claimed_null_sd": 0.015,
+    }
+
+
+def test_r4_pairs_judges_the_opposition_against_the_matched_null(tmp_path):
+    """nano: 10-12 more pairs in 100 in the claimed opposition than matched random pairs (supported), though the
+    global cosine of the same runs reads nothing; micro: the related pairs like the random ones (equivalent, within
+    +-0.02), though the global cosine is strongly negative (the old R4 row says "supported" there)."""
+    excess = {"nano": [0.10, 0.11, 0.12], "micro": [0.001, -0.002, 0.0005]}
+    for size, values in excess.items():
+        for seed, e in enumerate(values):
+            for mode in ("tied", "untied"):
+                cos = -0.3 if size == "micro" and mode == "tied" else 0.0
+                diag = pair_diag(0.25 + e, 0.25, pull_in=0.5 + e, cos=cos + 0.001 * seed)
+                synth(tmp_path / "runs", mode, seed, 3.0 + 0.1 * seed, size=size, diag=diag)
+    data, groups, claims = report(tmp_path / "runs")
+    for size, verdict in (("nano", "supported"), ("micro", "equivalent")):
+        row = claims[("R4 (pairs)", f"{size} tied")]
+        assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(
+            interval(excess[size])
+        )
+        assert row["p"] == pytest.approx(stats.ttest_1samp(excess[size], 0).pvalue) and row["direction"] == +1
+        assert row["p_equiv"] == pytest.approx(tost(excess[size], 0.02)) and row["sesoi"] == pytest.approx(0.02)
+        assert row["verdict"] == verdict, row
+        assert "null sd 0.015 (one step), SESOI 0.02 = 1.3 null sds" in row["measured"]
+        assert "output push share 0.1 " in row["measured"]
+        # every per-seed number of the row is in results.csv (and results.json's runs)
+        runs = sorted((r for r in data["runs"] if r["group"] == f"{size} tied"), key=lambda r: r["seed"])
+        assert [r["pair_claimed_excess"] for r in runs] == pytest.approx(excess[size])
+        assert [r["pair_claimed"] - r["pair_claimed_null"] for r in runs] == pytest.approx(excess[size])
+    assert claims[("R4", "micro tied")]["verdict"] == "supported"  # the global row alone would have said "cancels"
+    assert claims[("R4", "nano tied")]["verdict"] == "equivalent"
+    assert ("R4 (pairs)", "nano untied") not in claims  # a claim about tied runs
+    csv_text = (tmp_path / "out" / "results.csv").read_text()
+    assert "pair_claimed_excess" in csv_text.splitlines()[0] and "pair_claimed_null_sd" in csv_text.splitlines()[0]
+    assert groups["nano tied"]["pair_claimed_excess_mean"] == pytest.approx(0.11)
+    assert "NOT a test of the article's mechanism" in data["rules"]["claim R4"]
+    assert "SESOI 0.02" in data["rules"]["claim R4 (pairs)"]
+
+
+def test_r4_pairs_without_pair_statistics_has_no_data(tmp_path):
+    """Runs from before the pair statistics (grad_cos alone) still load; the row names what it needs."""
+    for seed in range(2):
+        for mode in ("tied", "untied"):
+            synth(tmp_path / "runs", mode, seed, 3.0, diag={"grad_cos": -0.1 * seed})
+    _, groups, claims = report(tmp_path / "runs")
+    row = claims[("R4 (pairs)", "-")]
+    assert row["verdict"].startswith("no data: needs tied runs with pair gradient statistics"), row
+    assert groups["nano tied"]["pair_claimed_excess_mean"] is None and claims[("R4", "nano tied")]["p"] is not None
+
+
 # --- C2/C7: in/out agreement, not drift ----------------------------------------------------------------------
 
 
 def test_c2_c7_reads_in_out_agreement_without_a_tie_not_drift(tmp_path):
     """untied_init starts identical (CKA 1, distance 0) and moves apart: supported; untied starts unrelated and comes
-    together: contradicted. The tied matrix drifts less than the untied ones, which no verdict reads any more."""
+    together: contradicted. The tied matrix drifts less than the untied ones: that is C2/C7 drift's row, not these."""
     for seed in range(3):
         synth(
             tmp_path / "runs",
@@ -176,10 +240,10 @@ def test_c2_c7_reads_in_out_agreement_without_a_tie_not_drift(tmp_path):
     assert groups["nano untied_init"]["distance_mean"] == pytest.approx(0.51) and groups["nano untied"][
         "knn_overlap_mean"
     ] == pytest.approx(0.2)
-    assert (
-        groups["nano tied"]["drift_input_mean"] < groups["nano untied"]["drift_input_mean"]
-    )  # shown, but judged nowhere
-    assert not [c for c in data["claims"] if "drift" in c["measured"] or c["claim"] == "C2"]
+    assert groups["nano tied"]["drift_input_mean"] < groups["nano untied"]["drift_input_mean"]
+    # drift is judged in its own row (C2/C7 drift, tested below), never in the agreement rows
+    assert not [c for c in data["claims"] if c["claim"] == "C2/C7" and "drift" in c["measured"]]
+    assert claims[("C2/C7 drift", "nano tied")]["verdict"] == "supported"  # 0.1 against 0.9 at every seed
     assert "Input/output agreement without a tie" in (tmp_path / "out" / "report.md").read_text()
 
 
@@ -238,7 +302,7 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
         assert c6[lr]["p"] == pytest.approx(stats.ttest_1samp(delta, 0).pvalue)
         assert c6[lr]["p_equiv"] == pytest.approx(tost(delta, LOG_1PCT))
     tested = [c for c in data["claims"] if c["p"] is not None and c["claim"] != "C3"]  # C3 re-reads R6's test
-    assert len(tested) == 8  # C6 and R6 at each of the four pairs
+    assert len(tested) == 9  # C6 and R6 at each of the four pairs, and the divergence row across the four rates
     assert [c["p_holm"] for c in tested] == pytest.approx(holm([c["p"] for c in tested]))
     equivalence = [c for c in tested if c["p_equiv"] is not None]
     assert [c["p_equiv_holm"] for c in equivalence] == pytest.approx(holm([c["p_equiv"] for c in equivalence]))
@@ -254,7 +318,8 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
     )
     assert c6[0.003]["verdict"] == "inconclusive"
     assert c6[0.004]["verdict"] == "equivalent" and c6[0.004]["p_equiv_holm"] < 0.05
-    assert data["sesoi"] == {"ppl": 1.0, "cos": 0.05, "cka": 0.05} and data["multiple_comparisons"] == "holm"
+    assert data["sesoi"] == {"ppl": 1.0, "cos": 0.05, "cka": 0.05, "drift": 10.0, "gnorm": 10.0, "spikes": 1.0}
+    assert data["multiple_comparisons"] == "holm"
     assert (
         "1% ppl" in data["rules"]["smallest effect of interest (SESOI)"]
         and "0.05 cos" in data["rules"]["smallest effect of interest (SESOI)"]
@@ -266,13 +331,13 @@ def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
 def test_the_sesoi_is_settable_and_checked(tmp_path):
     holm_grid(tmp_path / "runs")
     data, _, claims = report(tmp_path / "runs", "--sesoi", "ppl=0.1", "--sesoi", "cka=0.1")
-    assert data["sesoi"] == {"ppl": 0.1, "cos": 0.05, "cka": 0.1}
+    assert data["sesoi"] == {"ppl": 0.1, "cos": 0.05, "cka": 0.1, "drift": 10.0, "gnorm": 10.0, "spikes": 1.0}
     assert claims[("C6", "nano tied train.lr=0.002")]["sesoi"] == pytest.approx(math.log(1.001))
     assert claims[("C6", "nano tied train.lr=0.002")]["verdict"] == "supported"  # 0.2% ppl is an effect of interest now
     assert claims[("C6", "nano tied train.lr=0.004")]["verdict"] == "inconclusive"  # +-0.25% is not within +-0.1%
     assert "0.1% ppl" in (tmp_path / "out" / "report.md").read_text()
     for bad, message in (
-        ("foo=1", "error: --sesoi 'foo=1': unknown key 'foo'; valid keys: ppl, cos, cka"),
+        ("foo=1", "error: --sesoi 'foo=1': unknown key 'foo'; valid keys: ppl, cos, cka, drift, gnorm, spikes"),
         ("ppl=x", "error: --sesoi 'ppl=x' must be KEY=NUMBER with a number >= 0, e.g. ppl=1"),
         ("cos=-1", "error: --sesoi 'cos=-1' must be KEY=NUMBER with a number >= 0, e.g. ppl=1"),
     ):

@@ -575,7 +575,8 @@ def report(
         typer.Option(
             "--sesoi",
             help="Smallest effect of interest, KEY=VALUE: ppl (% perplexity, default 1), "
-            "cos (default 0.05), cka (default 0.05). Repeatable",
+            "cos (default 0.05), cka (default 0.05), drift and gnorm (% of a tied/untied ratio, default 10), "
+            "spikes (loss spikes per run, default 1). Repeatable",
         ),
     ] = None,
     target_loss: Annotated[

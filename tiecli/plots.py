@@ -250,7 +250,7 @@ def drift(groups: list["Group"]) -> Figure:
 
     return per_run_panels(
         groups,
-        "Drift from initialisation |W - W0| / |W0|, descriptive: no verdict uses it (thick: the one "
+        "Drift from initialisation |W - W0| / |W0|, judged by C2/C7 drift on the input side (thick: the one "
         "tied matrix; thin solid: input embedding, dashed: output matrix)",
         ("step", "relative drift"),
         lambda r: bool(r.drift),

@@ -93,6 +93,7 @@ class Summary:
     world_size: int = 1  # processes training together (DDP under torchrun)
     batch: dict | None = None  # the global batch: global = micro_batch x grad_accum x world_size sequences, and tokens
     run_id: str | None = None  # made with the run, also in each of its checkpoints: another run's last.pt is refused
+    threads: int | None = None  # CPU threads (torch.get_num_threads) of the last training session; None: older runs
     format: int = FORMAT
 
 

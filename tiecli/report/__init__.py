@@ -8,6 +8,8 @@ geometry); never imports torch. The steps, one module each:
   groups   runs into `Group`s (one setting, several seeds), their labels, --select, the `Baseline`
   stats    intervals and tests over seeds, comparisons with the baseline, convergence, equal parameters and compute
   claims   a verdict on each claim, one tying mode against another, Holm-corrected
+  gate     the verdicts labelled pilot or withheld when the runs cannot carry them, and why
+  headline what was compared, the main difference, how far the runs got: the report's first lines
   render   tables (terminal, markdown, html) and pages;  tables: the tables behind the claims' rules
   results  results.csv and results.json;  listing  `tiecli runs`
 
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from tiecli import rundir
 from tiecli.errors import TiecliError
-from tiecli.report import claims, load, reference, render, results, stats, tables
+from tiecli.report import claims, gate, headline, load, reference, render, results, stats, tables
 from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select
 from tiecli.report.listing import runs_table
 
@@ -92,32 +94,36 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     runs, groups, skipped, twins = load_groups(paths)
     if axis != DEFAULT_BASELINE:
         axis.check(groups)
+    candidates = groups  # before --select: gate reads whether a learning rate was chosen from a grid
+    # before --select: the divergence row reads every learning rate, and the scope every run
+    grid = claims.outcomes(groups, [s.diverged for s in skipped if s.diverged])
+    scope = results.scope([r for g in groups for r in g.runs])
     groups, dropped = select(groups, options.select)
     axis = dataclasses.replace(axis, free=options.select)
     comparisons = stats.compare(groups, axis, options.target_loss)
     prepare(groups, comparisons, axis)
     equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
     compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
-    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select)
+    claim_rows = claims.claims(groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid)
+    found, shown, top = labelled(groups, candidates, claim_rows, comparisons, options.select)
     added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
-    specs = render.build_tables(groups, comparisons, equal, claim_rows, skipped, baseline, added, references)
-    for spec in specs:
-        console.print(render.rich_table(spec))
-
+    specs = render.build_tables(groups, comparisons, equal, shown, skipped, baseline, added, references)
     rules = stated_rules(baseline, sesoi, options)
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
-        f"baseline {baseline}; sources: {', '.join(map(str, paths))}"
+        f"baseline {baseline}; sources: {', '.join(map(str, paths))}; {results.scope_text(scope)}"
     )
+    for renderable in render.terminal(top, shown, specs, skipped, header, str(out / "report.md")):
+        console.print(renderable)
     images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
-    rows = results.result_rows(groups, comparisons, equal, compute)
+    rows = results.result_rows(groups, comparisons, equal, compute) + results.divergence_rows(claims.grid_pairs(grid))
     write(
         out,
         {
             **{name: png for name, png in images.items() if png},
-            "report.md": render.markdown_page(header, rules, specs, images, absent),
-            "report.html": render.html_page(header, rules, specs, images, absent),
+            "report.md": render.markdown_page(header, rules, specs, images, absent, top),
+            "report.html": render.html_page(header, rules, specs, images, absent, top),
             "results.csv": results.csv_text(rows),
         },
         results.results_json(
@@ -127,16 +133,38 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
             claim_rows,
             skipped,
             {
+                **labels(top, shown, found),
                 "sesoi": sesoi,
                 "target_loss": options.target_loss,
                 "select": list(options.select),
                 "multiple_comparisons": "holm",
+                "scope": scope,
                 "not_selected": [dataclasses.asdict(d) for d in dropped],
             },
         ),
     )
     console.print(f"report written to {out}")
     return out
+
+
+def labelled(groups, candidates, claim_rows, comparisons, select: tuple[str, ...]):
+    """The gate's conditions per group, the claims as shown (labelled pilot or withheld), and the headline."""
+    found = gate.conditions(groups, candidates, select)
+    shown = gate.label_rows(claim_rows, groups, found, select)
+    return found, shown, headline.lines(groups, shown, found, comparisons, select)
+
+
+def labels(top: list[str], shown: list[claims.Claim], found: dict[str, list[gate.Condition]]) -> dict:
+    """results.json's headline and labels: the strongest label, each condition that fired with its fix, each
+    row's verdict as shown (the claims keep the verdicts their rules computed)."""
+    return {
+        "headline": top,
+        "labels": {
+            "label": gate.strongest(found),
+            "conditions": [{"found": what, "fix": fix} for what, fix in gate.summary(found)],
+            "shown": [{"claim": c.claim, "comparison": c.comparison, "verdict": c.verdict} for c in shown],
+        },
+    }
 
 
 def prepare(groups: list[Group], comparisons: list[stats.Comparison], axis: Baseline) -> None:
@@ -159,7 +187,7 @@ def write(out: Path, files: dict[str, str | bytes], results_json: dict) -> None:
 
 
 def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> dict[str, str]:
-    """Every rule the numbers follow, printed at the top of report.md and report.html and kept in results.json."""
+    """Every rule the numbers follow, printed at the end of report.md and report.html and kept in results.json."""
     ignored_keys = ", ".join(
         [*IGNORED_KEYS, *(p + "*" for p in IGNORED_PREFIXES), "train.max_steps when train.max_tokens is set"]
     )
@@ -196,9 +224,10 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "tied or not; the input lookup is not); the baseline's loss linear in log FLOPs across its sizes and token "
         "budgets, with the same bracket and non-monotone rules",
         "smallest effect of interest (SESOI)": "; ".join(text for _, text in margin.values())
-        + " (--sesoi ppl=, cos=, cka=)",
+        + " (--sesoi ppl=, cos=, cka=, drift=, gnorm=, spikes=)",
         "multiple comparisons": "Holm-Bonferroni correction on, across the claims table's tested rows (tests against 0 and "
         "equivalence tests, each family at 5%); verdicts use the adjusted p-values",
         "verdict": claims.VERDICT_RULE,
+        "verdict labels": gate.RULE,
         **{f"claim {k}": v for k, v in claims.CLAIM_RULES.items()},
     }

@@ -8,21 +8,35 @@ applies, an equivalence p-value against +-SESOI; both are Holm-adjusted across t
 (judge), and the verdict reads the adjusted values."""
 
 import dataclasses
+import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from scipy import stats as scipy_stats
+
 from tiecli.errors import TiecliError
-from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group
+from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group, ignored
+from tiecli.report.load import DivergedRun
 from tiecli.report.stats import (
     ALPHA,
+    EARLY_FRACTION,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
     Comparison,
     Interval,
     ci_text,
     compare,
+    diverged,
+    divergence_threshold,
     gap,
+    grad_norm_jitter,
     holm,
+    loss_spikes,
     mean_ci,
+    pair_excess,
+    paired,
     ppl_change,
     slope,
     t_tests,
@@ -31,8 +45,11 @@ from tiecli.report.stats import (
 # C1's own range for the share tying saves: the hypothesis under test, not an expected result.
 C1_CLAIMED_SHARE = (0.15, 0.30)
 # Smallest effects of interest (--sesoi KEY=VALUE): ppl in % of perplexity (|Δloss| < log(1 + ppl/100)),
-# cos for cosines and their differences (R4 Δcos, R3 contrast), cka for linear CKA (C2/C7).
-SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05}
+# cos for cosines and their differences (R4 Δcos, R3 contrast), cka for linear CKA (C2/C7); drift and gnorm in % of
+# a tied/untied ratio (C2/C7 drift, C2 stability (grad norm)), spikes in loss spikes per run (C2 stability (spikes)).
+SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05, "drift": 10.0, "gnorm": 10.0, "spikes": 1.0}
+# R4 (pairs): the smallest excess share of related pairs in the claimed opposition that matters (see its rule)
+R4_PAIRS_SESOI = 0.02
 UNTIED_INIT = "untied_init"
 LADDER = " -> "  # joins the labels of a ladder of scales, smallest first  # untied, W_out starting as a copy of W_in: its in/out distance is 0 at step 0
 
@@ -50,18 +67,32 @@ CLAIM_RULES = {
     "C1": "parameter share saved by tying = (untied total - tied total) / untied total, from summary.json at equal "
     f"architecture; deterministic (no seeds, no test). Supported inside C1's claimed {C1_CLAIMED_SHARE[0]:.0%}-"
     f"{C1_CLAIMED_SHARE[1]:.0%}, contradicted outside.",
-    "R4": "per seed, Δcos = (tied run's mean over training of cos(G_in, G_out)) - (untied run's, same size and seed); claimed "
-    "below 0, SESOI cos. The untied figure is the cosine between the gradients of two different matrices at different "
+    "R4": "descriptive of the whole matrix, NOT a test of the article's mechanism (that is R4 (pairs)): per seed, Δcos = "
+    "(tied run's mean over training of cos(G_in, G_out), one cosine over all V x C entries, dominated by frequent rows) - "
+    "(untied run's, same size and seed); claimed below 0, SESOI cos. What it can say is whether the two paths are "
+    "anti-aligned globally ('equivalent': no global anti-alignment); it cannot see opposition along the few related-form "
+    "directions. The untied figure is the cosine between the gradients of two different matrices at different "
     "weights, NOT the cosine a tied model would see at the same weights: a reference for two unrelated paths of this "
     "model, not a counterfactual. Also shown, not judged: the tied runs' mean grad_cos_z (grad_cos_present against its "
     "row-permutation null) and grad_norm_lost_pct (% of the summed gradient's norm lost to cancellation, mean over training).",
+    "R4 (pairs)": "the article's mechanism, in tied runs: at each diagnostics step, for each related-form pair (a, b) of diag.pairs "
+    "in the vocabulary, each path's s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]| on the shared matrix (s > 0: an SGD step "
+    "pulls the pair together, s < 0 pushes it apart); claimed share = share of pairs with the input path pulling and the "
+    "output path pushing. Per seed, the effect = the claimed share's mean over training minus that of frequency-matched "
+    f"random pairs (the null, drawn once per run from diag.seed); t-interval over seeds, claimed above 0, SESOI "
+    f"{R4_PAIRS_SESOI:g} (share). The SESOI against the null's spread: the binomial sd of one step's difference under the "
+    "null, sqrt(q (1 - q) (1/P + 1/N)) (q: the null's claimed share, P related and N null pairs), is printed beside it; "
+    "an effect under 2 points of pairs is below what one step resolves at the shipped pairs' P, and equivalence needs the "
+    "whole interval over seeds inside +-2 points, which a real opposition of that size would not give. Shown, not "
+    "judged: the input path's pull share and the output path's push share, each minus the null's (which path carries an "
+    "effect: the claimed share can rise with one path alone).",
     "R3": "untied runs, last geometry entry: related-form contrast of the input matrix minus that of the output matrix "
     "(contrast = pair cosine - the cosine of frequency-matched random pairs); claimed above 0, SESOI cos.",
     "C2/C7": "untied and untied_init runs (tied: one matrix, close by construction): per seed ΔCKA = linear CKA(W_in, W_out) "
     "at the last geometry entry - at step 0. If the tie is what keeps the spaces close, without it they move apart: "
     "claimed below 0, SESOI cka. untied_init starts at CKA 1 and distance |W_in - W_out|/|W_in| 0, so its row says "
-    "whether identical spaces stay close with no tie. Drift from each matrix's own init is shown (dynamics "
-    "table, drift.png) but not judged: under Adam every matrix with a gradient each step drifts about as far.",
+    "whether identical spaces stay close with no tie. Drift from each matrix's own init is judged in its own row, "
+    "C2/C7 drift.",
     "R6/C3": "steps to the pair's convergence target, tied vs untied, paired by seed, in % of the untied steps; no SESOI. "
     "R6 claims above 0 (untied faster), C3 below 0 (tied faster): one test, counted once, read both ways.",
     "C6": "per seed Δloss = tied - untied final loss (log perplexity; the test split when every run of the pair has one, "
@@ -78,11 +109,36 @@ CLAIM_RULES = {
     "break the confound that a model which learned less has less to overfit: per seed, each run's in-training val - train "
     "loss (metrics.jsonl's fixed windows) where its train_eval_loss first falls to the higher of the two runs' final "
     "train_eval_loss, linear between evaluations; claimed below 0, SESOI ppl.",
+    "C2/C7 drift": "per seed, log(drift of the tied run's shared matrix / drift of the untied run's input matrix wte), same "
+    "size and seed; drift = |W - W0|_F / |W0|_F over the rows of tokens seen in training, at the last geometry entry; "
+    "t-interval, shown as the ratio exp(.) with the bounds transformed alike. Article C says tying reduces drift: claimed "
+    "below 0, SESOI drift (10% by default: under Adam a matrix's drift grows roughly in proportion to its learning rate, "
+    "so a smaller difference is less than a tenth of what one step of a learning-rate grid, a factor of 2-3, makes). "
+    "Mechanism to read it by: the tied matrix gets the output path's gradient at every row every step, the untied input "
+    "matrix only at the rows of tokens in the batch; untied's output matrix's drift is shown alongside.",
+    "C2 stability (spikes)": f"per seed, tied - untied number of loss spikes over the run; a spike: a logged train loss "
+    f"(metrics.jsonl, the mean since the previous log line) above {SPIKE_FACTOR:g} x the median of the up to "
+    f"{SPIKE_WINDOW} logged losses before it, from the fourth logged loss on. Article C says tying stabilises training: "
+    "claimed below 0, SESOI spikes (1 per run by default: a smaller mean difference is less than one rare event a run).",
+    "C2 stability (grad norm)": "per seed, log(tied / untied gradient-norm jitter); jitter = the sd of the changes in log "
+    "grad_norm (metrics.jsonl: the global norm before clipping, at each logged step) between consecutive logged steps over "
+    f"the first {EARLY_FRACTION:.0%} of the run's steps, where article C places the instability. Scale-free and blind to "
+    "the norm's smooth early trend, which a variance or coefficient of variation over the falling curve would measure "
+    "instead. Claimed below 0, SESOI gnorm (10% by default, the same relative margin as drift: no published scale exists).",
+    "C2 stability (divergence)": "across a learning-rate grid: every tied and untied run of the report, --select's "
+    "unselected ones included, paired by every other setting and the seed. Diverged: the run stopped on a non-finite "
+    "training loss (status failed, train's Diverged error) or ended with a validation loss at or above the unigram loss "
+    "of the validation split (log of the count model's perplexity; without it, the step-0 validation loss). Per pair "
+    "d = diverged tied - diverged untied, so the mean is the difference of the divergence rates; exact McNemar test "
+    "(two-sided binomial test on the discordant pairs); claimed below 0 (tied diverges less); no SESOI. Needs pairs at "
+    "two or more train.lr values; with fewer than 6 discordant pairs no result can reach 0.05: inconclusive.",
 }
 TEXTS = {
     "R2": "the vocabulary matrix is the largest single tensor, so tying saves a large share of parameters",
     "C1": "tying cuts parameters from 2Vd to Vd, 15-30% of the total",
-    "R4": "with tying the input-path and output-path gradients oppose and partly cancel (more than two unrelated paths)",
+    "R4": "global figure: the two paths' gradients anti-aligned over the whole matrix (more than two unrelated paths)",
+    "R4 (pairs)": "with tying, along related-form differences the output path pushes apart and the input path pulls "
+    "together, more than along matched random pairs",
     "R3": "input embeddings pull related forms together, the output matrix pushes them apart",
     "C2/C7": "tying keeps the input and output spaces close: without the tie they move apart",
     "R6": "untie and the loss converges faster",
@@ -94,6 +150,10 @@ TEXTS = {
     "R5": "with lots of data untying wins: the tied-vs-untied gap rises with tokens seen",
     "R5/C2 gap": "tying regularises: a smaller generalisation gap (val - train loss) than untied",
     "R5/C2 gap (equal fit)": "tying regularises: a smaller gap than untied at the same training loss",
+    "C2/C7 drift": "tying reduces embedding drift: the input token matrix moves less from its initialisation",
+    "C2 stability (spikes)": "tying stabilises training: fewer loss spikes",
+    "C2 stability (grad norm)": "tying stabilises early training: a steadier gradient norm",
+    "C2 stability (divergence)": "tying stabilises training: fewer runs diverge at high learning rates",
 }
 ORDER = tuple(TEXTS)  # the rows' order in the table
 
@@ -144,6 +204,14 @@ def margins(sesoi: dict[str, float]) -> dict[str, tuple[float, str]]:
         "ppl": (loss, f"{sesoi['ppl']:g}% ppl (|Δloss| {loss:.3g})"),
         "cos": (sesoi["cos"], f"{sesoi['cos']:g} cos"),
         "cka": (sesoi["cka"], f"{sesoi['cka']:g} CKA"),
+        **{
+            key: (
+                math.log1p(sesoi[key] / 100),
+                f"{sesoi[key]:g}% {what} (|log ratio| {math.log1p(sesoi[key] / 100):.3g})",
+            )
+            for key, what in (("drift", "drift"), ("gnorm", "gradient-norm jitter"))
+        },
+        "spikes": (sesoi["spikes"], f"{sesoi['spikes']:g} loss spikes per run"),
     }
 
 
@@ -185,9 +253,11 @@ def claims(
     sesoi: dict[str, float] | None = None,
     target: float | None = None,
     free: tuple[str, ...] = (),
+    grid: Sequence["Outcome"] = (),
 ) -> list[Claim]:
     """The claims table, judged: groups with tying=`tied` against those with tying=`untied` (free: the
-    keys --select chose per group); target: a fixed convergence target (--target-loss)."""
+    keys --select chose per group); target: a fixed convergence target (--target-loss); grid: every run's
+    divergence outcome, --select's unselected runs and diverged runs included (outcomes())."""
     margin = margins(sesoi or SESOI_DEFAULTS)
     axis = Baseline("tying", untied, free)
     pairs = [c for c in compare(groups, axis, target) if c.group.mode == tied]
@@ -220,6 +290,9 @@ def claims(
         f"{tied} and {untied} runs at two or more values of tokens seen",
     )
     rows += gap_claims(pairs, margin["ppl"], tied, untied)
+    rows += drift_claims(pairs, margin["drift"], tied, untied)
+    rows += stability_claims(pairs, margin, tied, untied)
+    rows += divergence_claims(grid, tied, untied)
     return derive(judge(rows))
 
 
@@ -341,7 +414,14 @@ def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
 
 
 def gradient_claims(pairs: list[Comparison], tied_groups: list[Group], tied: str, untied: str, margin) -> list[Claim]:
-    """R4: Δcos = tied - untied mean grad_cos, paired by seed, below zero; the tied z and norm lost shown."""
+    """R4: Δcos = tied - untied mean grad_cos, paired by seed, below zero; the tied z and norm lost shown.
+    Then R4 (pairs): pair_claims."""
+    return global_gradient_claims(pairs, tied_groups, tied, untied, margin) + pair_claims(tied_groups, tied)
+
+
+def global_gradient_claims(
+    pairs: list[Comparison], tied_groups: list[Group], tied: str, untied: str, margin
+) -> list[Claim]:
     if not any(r.diag.get("grad_cos") is not None for g in tied_groups for r in g.runs):
         return [missing("R4", f"{tied} runs with gradient statistics (diag.every > 0)")]
     rows = []
@@ -367,6 +447,38 @@ def gradient_claims(pairs: list[Comparison], tied_groups: list[Group], tied: str
                 )
             )
     return rows or [missing("R4", f"{untied} runs with gradient statistics at the same size as the {tied} ones")]
+
+
+def pair_claims(tied_groups: list[Group], tied: str) -> list[Claim]:
+    """R4 (pairs): per seed, the share of related pairs in the claimed opposition minus the matched null's, above zero."""
+    rows = []
+    for g in tied_groups:
+        values = [pair_excess(r, "claimed") for r in g.runs]
+        if not any(v is not None for v in values):
+            continue
+        paths = {k: mean_ci(pair_excess(r, k) for r in g.runs) for k in ("pull_in", "push_out")}
+        null_sd = mean_ci(r.diag.get("pair_claimed_null_sd") for r in g.runs)
+        in_sds = f" = {R4_PAIRS_SESOI / null_sd.mean:.2g} null sds" if null_sd and null_sd.mean > 0 else ""
+        shown = (
+            f"input pull share {_mean(paths['pull_in'])}, output push share {_mean(paths['push_out'])} beyond the null"
+            f"; null sd {_mean(null_sd)} (one step), SESOI {R4_PAIRS_SESOI:g}{in_sds}"
+        )
+        rows.append(
+            tested(
+                "R4 (pairs)",
+                g.label,
+                "results.csv (pair_* columns)",
+                [v for v in values if v is not None],
+                +1,
+                (R4_PAIRS_SESOI, f"{R4_PAIRS_SESOI:g} share"),
+                lambda ci, s=shown: f"Δclaimed share {ci_text(ci)}; {s}",
+            )
+        )
+    return rows or [
+        missing(
+            "R4 (pairs)", f"{tied} runs with pair gradient statistics (diag.every > 0, related pairs in the vocabulary)"
+        )
+    ]
 
 
 def forms_claims(untied_groups: list[Group], untied: str, margin) -> list[Claim]:
@@ -516,5 +628,171 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
             "R5/C2 gap",
             f"{tied} and {untied} runs with a train-split evaluation (eval.json train or "
             "metrics.jsonl train_eval_loss)",
+        )
+    ]
+
+
+# --- C2/C7 drift and C2's stability -----------------------------------------------------------------------
+
+
+def ratio_text(ci: Interval | None) -> str:
+    """A log-ratio interval as the ratio exp(x), every bound transformed alike."""
+    if ci is None:
+        return "-"
+    shown = Interval(ci.n, math.exp(ci.mean), None, *(None if x is None else math.exp(x) for x in (ci.low, ci.high)))
+    return f"{ci_text(shown)} (log ratio {ci_text(ci)})"
+
+
+def log_ratios(c: Comparison, value) -> list[float]:
+    """log(value(tied run) / value(untied run)) per seed both have, both positive."""
+    return [math.log(a / b) for a, b in paired(c.group, c.base, value) if a > 0 and b > 0]
+
+
+def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[Claim]:
+    """C2/C7 drift: the input-side token matrix's relative drift, tied (the shared matrix) over untied (wte)."""
+    rows = []
+    for c in pairs:
+        values = log_ratios(c, lambda r: r.diag.get("drift_input"))
+        if values:
+            tied_in, untied_in, untied_out = (
+                _mean(mean_ci(r.diag.get(key) for r in runs))
+                for runs, key in (
+                    (c.group.runs, "drift_input"),
+                    (c.base.runs, "drift_input"),
+                    (c.base.runs, "drift_output"),
+                )
+            )
+            shown = f"drift {tied} {tied_in}, {untied} input {untied_in} (output {untied_out})"
+            rows.append(
+                tested(
+                    "C2/C7 drift",
+                    c.group.label,
+                    "dynamics table, drift.png",
+                    values,
+                    -1,
+                    margin,
+                    lambda ci, s=shown: f"drift ratio {tied}/{untied} {ratio_text(ci)}; {s}",
+                )
+            )
+    return rows or [
+        missing("C2/C7 drift", f"{tied} and {untied} runs with geometry at step 0 and later (diag.geometry)")
+    ]
+
+
+def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: str) -> list[Claim]:
+    """C2 stability: loss spikes (tied - untied count) and early gradient-norm jitter (log ratio), paired by seed."""
+    rows = []
+    for c in pairs:
+        spikes = c.delta(loss_spikes)
+        if spikes:
+            counts = f"{tied} {_mean(mean_ci(map(loss_spikes, c.group.runs)))}, {untied} {_mean(mean_ci(map(loss_spikes, c.base.runs)))}"
+            rows.append(
+                tested(
+                    "C2 stability (spikes)",
+                    c.group.label,
+                    "dynamics table",
+                    spikes,
+                    -1,
+                    margin["spikes"],
+                    lambda ci, s=counts: f"Δspikes {ci_text(ci)} per run (mean {s})",
+                )
+            )
+        if jitter := log_ratios(c, grad_norm_jitter):
+            rows.append(
+                tested(
+                    "C2 stability (grad norm)",
+                    c.group.label,
+                    "dynamics table",
+                    jitter,
+                    -1,
+                    margin["gnorm"],
+                    lambda ci: f"jitter ratio {tied}/{untied} {ratio_text(ci)}, first {EARLY_FRACTION:.0%} of steps",
+                )
+            )
+    needs = f"{tied} and {untied} runs of the same size with logged train losses and grad_norm (metrics.jsonl)"
+    found = {r.claim for r in rows}
+    return rows + [missing(k, needs) for k in ("C2 stability (spikes)", "C2 stability (grad norm)") if k not in found]
+
+
+@dataclass
+class Outcome:
+    """One run of a learning-rate grid, for C2 stability (divergence): diverged or not, and its pairing unit."""
+
+    unit: str  # every setting but the tying mode (those that differ between the runs), and the seed
+    mode: str
+    lr: float | None
+    name: str
+    diverged: bool
+    why: str
+
+
+def outcomes(groups: list[Group], failed: Sequence[DivergedRun]) -> list[Outcome]:
+    """Every run of the groups (before --select) and every run that stopped on a non-finite loss, with its unit."""
+    runs = [(g.setting, g.mode, r.seed, r.name, diverged(r), _why(r)) for g in groups for r in g.runs]
+    for f in failed:
+        setting = {k: v for k, v in f.setting.items() if k != "seed" and not ignored(k, f.setting)}
+        runs.append((setting, str(f.choices.get("tying")), f.seed, f.name, 1.0, f"non-finite loss by step {f.step}"))
+    axis = Baseline("tying", "")
+    off = [{k: v for k, v in setting.items() if not axis.on_axis(k)} for setting, *_ in runs]
+    keys = sorted(set().union(*off)) if off else []
+    differing = [k for k in keys if len({json.dumps(o.get(k)) for o in off}) > 1]
+    return [
+        Outcome(
+            " ".join([*(f"{k}={o.get(k)}" for k in differing), f"seed={seed}"]),
+            mode,
+            o.get("train.lr"),
+            name,
+            bool(value),
+            why,
+        )
+        for o, (_, mode, seed, name, value, why) in zip(off, runs)
+        if value is not None
+    ]
+
+
+def _why(run) -> str:
+    threshold = divergence_threshold(run)
+    return f"final val loss {run.loss:.4g}" + (f" vs threshold {threshold:.4g}" if threshold is not None else "")
+
+
+def grid_pairs(grid: Sequence[Outcome], tied: str = "tied", untied: str = "untied") -> list[dict[str, Outcome]]:
+    """The units with a tied and an untied run, {mode: outcome}, when they span two or more learning rates; else []."""
+    by_unit: dict[str, dict[str, Outcome]] = {}
+    for o in grid:
+        by_unit.setdefault(o.unit, {})[o.mode] = o
+    units = [{m: u[m] for m in (tied, untied)} for u in by_unit.values() if tied in u and untied in u]
+    return units if len({u[tied].lr for u in units}) > 1 else []
+
+
+def divergence_claims(grid: Sequence[Outcome], tied: str, untied: str) -> list[Claim]:
+    """C2 stability (divergence): paired by unit, d = diverged tied - diverged untied; exact McNemar test."""
+    units = grid_pairs(grid, tied, untied)
+    rates = sorted({lr for u in units if (lr := u[tied].lr) is not None})
+    if len(rates) < 2:
+        return [
+            missing(
+                "C2 stability (divergence)", f"{tied} and {untied} runs at two or more train.lr values (an LR grid)"
+            )
+        ]
+    d = [int(u[tied].diverged) - int(u[untied].diverged) for u in units]
+    tied_only, untied_only = d.count(1), d.count(-1)
+    p = float(scipy_stats.binomtest(tied_only, tied_only + untied_only).pvalue) if tied_only + untied_only else 1.0
+    shares = "; ".join(
+        f"lr {lr:g}: {tied} {sum(u[tied].diverged for u in at)}/{len(at)}, {untied} {sum(u[untied].diverged for u in at)}/{len(at)}"
+        for lr in rates
+        for at in [[u for u in units if u[tied].lr == lr]]
+    )
+    ci = mean_ci(d)
+    return [
+        Claim(
+            "C2 stability (divergence)",
+            TEXTS["C2 stability (divergence)"],
+            f"{len(units)} {tied}/{untied} pairs over train.lr {rates[0]:g}-{rates[-1]:g}",
+            "results.csv divergence rows",
+            f"Δ divergence rate {ci_text(ci)}; diverged {shares}; discordant pairs: {tied} only {tied_only}, "
+            f"{untied} only {untied_only} (exact McNemar)",
+            interval=ci,
+            direction=-1,
+            p=p,
         )
     ]

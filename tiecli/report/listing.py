@@ -1,6 +1,7 @@
 # tiecli runs [DIR]
 """One line per run directory, readable or not: name, state, size, mode, steps, val perplexity."""
 
+import math
 from pathlib import Path
 
 from rich.table import Table
@@ -48,6 +49,8 @@ def run_line(path: Path, root: Path) -> list[str]:
         )
         assert status is not None  # summary() above read summary.json, so the status is set
         final = (reader.final_val() or {}) if status == "completed" else {}
+        if final and not math.isfinite(final.get("loss", 0.0)):
+            status += ", val loss not finite: left out of reports"
         return [
             name,
             status,

@@ -5,9 +5,10 @@ A run that cannot be used raises `Skip` with a one-line reason (the run's name l
 report shows it next to the path).
 """
 
+import math
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard, cast
 
@@ -32,6 +33,13 @@ TRAINING_DIAG = (
     "grad_cos_null_mean",
     "grad_cos_null_sd",
     "grad_norm_lost_pct",
+    # R4 at the related-form pairs (tiecli/diagnostics.py pair_gradients); KEY_null: the matched random pairs
+    *(
+        f"pair_{key}{null}"
+        for key in ("claimed", "opposed", "pull_in", "push_in", "pull_out", "push_out", "cos_in", "cos_out")
+        for null in ("", "_null")
+    ),
+    "pair_claimed_null_sd",
 )
 SIDE_DIAG = ("drift", "anisotropy", "effective_rank", "forms_contrast")
 AGREEMENT_DIAG = ("cka", "knn_overlap", "row_cosine", "distance")
@@ -43,9 +51,22 @@ class Skip(Exception):
 
 
 @dataclass
+class DivergedRun:
+    """A run that stopped on a non-finite training loss (train.Diverged, status failed): what the
+    divergence row of the claims table needs from it."""
+
+    name: str
+    seed: int
+    setting: dict  # the resolved config, flattened
+    choices: dict
+    step: int  # the step it stopped at
+
+
+@dataclass
 class Skipped:
     path: str
     reason: str
+    diverged: DivergedRun | None = None  # set when the run was skipped because its loss diverged
 
 
 @dataclass
@@ -80,6 +101,11 @@ class Run:
     # summary.json's corpus: its key, train_tokens, vocab_size and (since tiecli 0.1) the count-model
     # baselines of the validation split (tiecli/baselines.py)
     corpus: dict | None = None
+    train_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, logged mean train loss)
+    grad_norms: list[tuple[int, float]] = field(default_factory=list)  # (step, global gradient norm before clipping)
+    device: str | None = None  # summary.json's device, dtype (bf16: bf16 autocast) and CPU threads
+    dtype: str | None = None
+    threads: int | None = None  # None: the run predates tiecli recording it
 
     @property
     def epochs(self) -> float | None:
@@ -137,6 +163,8 @@ def load_run(path: Path) -> Run:
         raise Skip(reason(e, reader.name)) from None
     if not final:
         raise Skip("no final validation metrics (eval.json val or summary.json final_val)")
+    if bad := not_finite(final, evals, metrics):
+        raise Skip(f"losses are NaN or infinite: {bad}")
     try:
         setting = rundir.flatten(config)
         return Run(
@@ -168,9 +196,31 @@ def load_run(path: Path) -> Run:
             diag=diagnostics(metrics, entries),
             pairs={**entries[-1].pairs, "used": entries[-1].input.get("forms_n_pairs")} if entries else None,
             corpus=summary.corpus,
+            train_losses=[(r.step, r.loss) for r in metrics if _number(r.loss)],
+            grad_norms=[(r.step, r.grad_norm) for r in metrics if _number(r.grad_norm)],
+            device=summary.device,
+            dtype=summary.dtype,
+            threads=summary.threads,
         )
     except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None
+
+
+def not_finite(final: dict, evals: dict[str, rundir.EvalResult], metrics: list[rundir.MetricsRow]) -> str | None:
+    """Which of a completed run's losses are NaN or infinite (the whole-split ones, and the first
+    metrics.jsonl row with one), or None: a diverged run would turn every mean and interval into NaN."""
+    whole = {"val": final.get("loss")} | {split: e.loss for split, e in evals.items() if split != "val"}
+    bad = [f"{split} loss {value}" for split, value in whole.items() if not _finite(value)]
+    for row in metrics:
+        values = {"loss": row.loss, "val_loss": row.val_loss, "train_eval_loss": row.train_eval_loss}
+        if named := [f"{k} {v}" for k, v in values.items() if v is not None and not _finite(v)]:
+            bad.append(f"{', '.join(named)} from step {row.step} (metrics.jsonl)")
+            break
+    return "; ".join(bad) or None
+
+
+def _finite(value) -> bool:
+    return _number(value) and math.isfinite(value)
 
 
 def generalisation_gap(
@@ -220,11 +270,24 @@ def diagnostics(metrics: list[rundir.MetricsRow], entries: list[rundir.GeometryE
     )
 
 
+def diverged_run(path: Path) -> DivergedRun | None:
+    """The run, when it failed on a non-finite training loss (train.Diverged); else None."""
+    reader = rundir.RunReader(path)
+    try:
+        summary = reader.summary()
+        if summary.status != "failed" or not (summary.error or "").startswith("Diverged"):
+            return None
+        config, choices = reader.config(), reader.overrides()["choices"]
+        return DivergedRun(path.name, config["seed"], rundir.flatten(config), choices, summary.step)
+    except (rundir.FormatError, KeyError):
+        return None
+
+
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[Skipped]]:
     runs, skipped = [], []
     for path in find_run_dirs(paths):
         try:
             runs.append(load_run(path))
         except Skip as e:
-            skipped.append(Skipped(str(path), str(e)))
+            skipped.append(Skipped(str(path), str(e), diverged_run(path)))
     return runs, skipped

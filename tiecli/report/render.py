@@ -1,8 +1,9 @@
 # Used by `tiecli report`: its tables, built once as specs and rendered for the terminal, markdown and html.
 """Tables and pages. Every table is a `TableSpec` of strings; rich_table, markdown_table and
-html_table render it, markdown_page and html_page put the rules, tables and figures together.
-On the terminal a table wider than the console is split into narrower ones, each with the group
-column, so that no column is dropped and no header cut; the files keep every column in one table."""
+html_table render it, markdown_page and html_page put the headline, tables, figures and rules (an
+appendix) together. The terminal gets the headline, a short claims table and the warnings
+(terminal), and points to report.md for the rest; a table wider than the console is split into
+narrower ones, each with the first column, so that no column is dropped and no header cut."""
 
 import base64
 import html
@@ -12,13 +13,24 @@ from dataclasses import dataclass
 from rich.console import Console, ConsoleOptions, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from tiecli.display import num as _num
 from tiecli.report.claims import VERDICT_RULE, Claim
+from tiecli.report.gate import RULE as GATE_RULE
 from tiecli.report.groups import Group
 from tiecli.report.load import Run, Skipped
 from tiecli.report.reference import Reference
-from tiecli.report.stats import Comparison, EqualParams, Interval, ci_text, embedding_share
+from tiecli.report.stats import (
+    EARLY_FRACTION,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
+    Comparison,
+    EqualParams,
+    Interval,
+    ci_text,
+    embedding_share,
+)
 
 # Two diagnostics tables, so that each fits a terminal: training dynamics, then end-of-training geometry.
 DYNAMICS_COLUMNS = (
@@ -26,6 +38,8 @@ DYNAMICS_COLUMNS = (
     ("grad_cancel", "grad cancel"),
     ("drift_input", "drift in"),
     ("drift_output", "drift out"),
+    ("loss_spikes", "loss spikes"),
+    ("grad_norm_jitter", "grad-norm jitter"),
 )
 GEOMETRY_COLUMNS = (
     ("anisotropy_input", "anisotropy in"),
@@ -37,13 +51,15 @@ GEOMETRY_COLUMNS = (
     ("forms_contrast_input", "forms contrast in"),
     ("forms_contrast_output", "forms contrast out"),
 )
+NO_DATA = "no data"  # the verdict of a row whose runs lack what it measures: "no data: needs ..."
+BULLET = "  - "  # a headline line that is an item of the list above it
 FOLD_MIN = 8  # on the terminal, a text column is at least this wide (or its header's width) before the table is split
 PLOT_TITLES = {
     "val_loss.png": "Validation loss by mode (R6/C3)",
     "ppl_vs_params.png": "Perplexity vs non-embedding parameters (R5/C6)",
     "ppl_vs_tokens.png": "Perplexity vs tokens seen (R5)",
     "grad_cos.png": "Gradient cosine over training (R4)",
-    "drift.png": "Drift from initialisation (descriptive)",
+    "drift.png": "Drift from initialisation (C2/C7 drift)",
     "spectra.png": "Singular-value spectra of the input and output matrices",
 }
 
@@ -93,7 +109,7 @@ def build_tables(
     tables.append(
         TableSpec(
             "Claims (tied vs untied, equal architecture unless stated)",
-            f"verdict rule: {VERDICT_RULE}; each claim's measure is stated under Rules",
+            f"verdict rule: {VERDICT_RULE}; labels: {GATE_RULE}; each claim's measure is stated under Rules (appendix)",
             ["claim", "comparison", "figure", "measured [95% CI]", "verdict", "why"],
             [[c.claim, c.comparison, c.figure, c.measured, c.verdict, c.why] for c in claim_rows],
             text=True,
@@ -263,10 +279,12 @@ def diagnostics_tables(groups: list[Group], references: Sequence[Reference] = ()
     the reference rows of pretrained models."""
     diagnostics = (
         (
-            "Training dynamics at equal architecture (claim R4; drift: descriptive)",
+            "Training dynamics at equal architecture (claims R4, C2/C7 drift, C2 stability)",
             DYNAMICS_COLUMNS,
-            "grad cos, grad cancel: mean over training (metrics.jsonl); drift |W - W0|_F / |W0|_F at the last geometry.json entry, "
-            "not judged (under Adam every matrix with a gradient each step drifts about as far)",
+            "grad cos, grad cancel: mean over training (metrics.jsonl); drift |W - W0|_F / |W0|_F at the last geometry.json entry; "
+            f"loss spikes: logged train losses above {SPIKE_FACTOR:g} x the median of the {SPIKE_WINDOW} before; grad-norm "
+            f"jitter: sd of the changes in log grad_norm between logged steps over the first {EARLY_FRACTION:.0%} of steps "
+            "(rules: claim C2 stability)",
         ),
         (
             "Geometry at the last geometry entry, equal architecture (claim R3)",
@@ -380,14 +398,27 @@ def split_columns(needs: list[int], width: int) -> list[list[int]]:
     return even if all(_drawn_width([needs[c] for c in chunk]) <= width for chunk in even) else packed
 
 
-def fit_widths(need: list[int], word: list[int], natural: list[int], width: int) -> list[int]:
+def fit_widths(need: list[int], word: list[int], natural: list[int], width: int, text: bool = False) -> list[int]:
     """Column widths from their needs up to width: first so that words stay whole, then whole cells, the
-    columns that lack the least first."""
+    columns that lack the least first (numbers: as many whole cells as fit); text: the room left shared
+    in proportion to what each column lacks, so that a long text column is not squeezed to a word a line
+    by short ones made whole."""
     widths = list(need)
     for target in (word, natural):
+        if text and target is natural:
+            return share(widths, natural, width)
         for i in sorted(range(len(widths)), key=lambda i: target[i] - widths[i]):
             widths[i] += max(0, min(target[i] - widths[i], width - _drawn_width(widths)))
     return widths
+
+
+def share(widths: list[int], natural: list[int], width: int) -> list[int]:
+    """widths grown toward natural by the room left within width, in proportion to each column's lack."""
+    lack = [max(0, n - w) for w, n in zip(widths, natural)]
+    room = max(0, width - _drawn_width(widths))
+    if sum(lack) <= room:
+        return [max(w, n) for w, n in zip(widths, natural)]
+    return [w + room * gap // sum(lack) for w, gap in zip(widths, lack)]
 
 
 def rich_tables(spec: TableSpec, width: int) -> list[Table]:
@@ -398,7 +429,7 @@ def rich_tables(spec: TableSpec, width: int) -> list[Table]:
     tables = []
     for n, chunk in enumerate(chunks, 1):
         need, word, natural = ([measured[c][k] for c in chunk] for k in range(3))
-        widths = fit_widths(need, word, natural, width)
+        widths = fit_widths(need, word, natural, width, spec.text)
         title = spec.title + (f" ({n}/{len(chunks)})" if len(chunks) > 1 else "")
         # escape(): "[95% CI]" and "[low, high]" are text here, not rich markup
         table = Table(
@@ -441,17 +472,52 @@ def html_table(spec: TableSpec) -> str:
     return f"<h2>{html.escape(spec.title)}</h2><p class=note>{html.escape(spec.note)}</p><table><tr>{head}</tr>{body}</table>"
 
 
-def markdown_page(header: str, rules: dict, specs: list[TableSpec], images: dict, absent: list[str]) -> str:
-    """report.md: the figures are linked, as files next to it."""
+def claims_summary(claim_rows: list[Claim]) -> TableSpec:
+    """The claims table for the terminal: what each row measured and its verdict, label included."""
+    return TableSpec(
+        "Claims (tied vs untied, equal architecture unless stated)",
+        "pilot and withheld verdicts (see above) show what the rule computed; why, figures and rules: report.md",
+        ["claim", "comparison", "verdict", "measured [95% CI]"],
+        [[c.claim, c.comparison, *short_verdict(c)] for c in claim_rows],
+        text=True,
+    )
+
+
+def short_verdict(row: Claim) -> list[str]:
+    """(verdict, measured); a row without data says what it needs where the measurement would be."""
+    if row.verdict.startswith(NO_DATA):
+        return [NO_DATA, row.verdict.removeprefix(NO_DATA).removeprefix(":").strip()]
+    return [row.verdict, row.measured]
+
+
+def terminal(
+    headline: list[str], claim_rows: list[Claim], specs: list[TableSpec], skipped: list[Skipped], header: str, page: str
+):
+    """What `tiecli report` prints: the headline, the short claims table, the warnings, one line per run
+    left out, the header (runs, groups, sources) and where the full tables are (page: report.md's path).
+    Yields rich renderables."""
+    for line in headline:
+        yield Text(line)
+    yield Text("")
+    yield rich_table(claims_summary(claim_rows))
+    yield from (rich_table(s) for s in specs if s.title == "Warnings")
+    for s in skipped:
+        yield Text(f"skipped {s.path}: {s.reason}")
+    yield Text(header)
+    yield Text(f"every table, the figures and the rules: {page}")
+
+
+def markdown_page(
+    header: str, rules: dict, specs: list[TableSpec], images: dict, absent: list[str], headline: Sequence[str] = ()
+) -> str:
+    """report.md: the headline, every table, the figures (linked, as files next to it), then the rules."""
     return "\n".join(
         [
             "# tiecli report",
             "",
+            *(line[2:] if line.startswith(BULLET) else f"{line}\n" for line in headline),
+            "",
             header,
-            "",
-            "## Rules",
-            "",
-            *(f"- **{k}**: {v}" for k, v in rules.items()),
             "",
             *(markdown_table(s) for s in specs),
             "## Figures",
@@ -459,11 +525,34 @@ def markdown_page(header: str, rules: dict, specs: list[TableSpec], images: dict
             *(f"### {PLOT_TITLES[name]}\n\n![{PLOT_TITLES[name]}]({name})\n" for name, png in images.items() if png),
             *absent,
             "",
+            "## Appendix: rules",
+            "",
+            *(f"- **{k}**: {v}" for k, v in rules.items()),
+            "",
         ]
     )
 
 
-def html_page(header: str, rules: dict, specs: list[TableSpec], images: dict, absent: list[str]) -> str:
+def html_headline(headline: Sequence[str]) -> str:
+    """The headline's lines as paragraphs, each run of bullet lines as one list."""
+
+    def bullet(i: int) -> bool:
+        return 0 <= i < len(headline) and headline[i].startswith(BULLET)
+
+    parts = [
+        ("" if bullet(i - 1) else "<ul>")
+        + f"<li>{html.escape(line.removeprefix(BULLET))}</li>"
+        + ("" if bullet(i + 1) else "</ul>")
+        if bullet(i)
+        else f"<p>{html.escape(line)}</p>"
+        for i, line in enumerate(headline)
+    ]
+    return "<div class=headline>" + "".join(parts) + "</div>"
+
+
+def html_page(
+    header: str, rules: dict, specs: list[TableSpec], images: dict, absent: list[str], headline: Sequence[str] = ()
+) -> str:
     """One file with everything inside: the figures are base64 data URIs, no external assets."""
     style = (
         "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
@@ -476,11 +565,11 @@ def html_page(header: str, rules: dict, specs: list[TableSpec], images: dict, ab
     )
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>tiecli report</title><style>{style}</style></head><body>"
-        f"<h1>tiecli report</h1><p>{html.escape(header)}</p><h2>Rules</h2><ul>"
-        + "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in rules.items())
-        + "</ul>"
+        f"<h1>tiecli report</h1>{html_headline(headline)}<p>{html.escape(header)}</p>"
         + "".join(html_table(s) for s in specs)
         + f"<h2>Figures</h2>{figures}"
         + "".join(f"<p class=note>{html.escape(a)}</p>" for a in absent)
-        + "</body></html>\n"
+        + "<h2>Appendix: rules</h2><ul>"
+        + "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in rules.items())
+        + "</ul></body></html>\n"
     )

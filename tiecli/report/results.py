@@ -3,8 +3,10 @@
 
 import csv
 import io
+from collections import Counter
 from dataclasses import asdict
 
+from tiecli.report.claims import Outcome
 from tiecli.report.groups import Group
 from tiecli.report.load import Run
 from tiecli.report.stats import (
@@ -13,7 +15,9 @@ from tiecli.report.stats import (
     EqualParams,
     Interval,
     embedding_share,
+    final_loss,
     gap,
+    gap_at,
     mean_ci,
     reach,
     run_values,
@@ -44,7 +48,29 @@ def run_row(g: Group, r: Run) -> dict:
         "steps_to_target": steps,
         "tokens_to_target": tokens,
         "evals_before_target": before,
+        "device": r.device,
+        "dtype": r.dtype,
+        "threads": r.threads,
         **r.diag,
+    }
+
+
+def claim_inputs(r: Run, c: Comparison | None) -> dict:
+    """The per-seed numbers the claims read off the pair that are not the run's own: the same-seed baseline run, its
+    steps to this pair's target (R6/C3; the run's own: steps_to_target), Δloss on the claims split (C6 and the slopes' y), and the equal-fit reading
+    (R5/C2 gap (equal fit)): the train loss both runs reach, each run's val - train gap there."""
+    base = next((b for b in c.base.runs if b.seed == r.seed), None) if c else None
+    if c is None or base is None:
+        return {}
+    level = max(r.fit[-1][0], base.fit[-1][0]) if r.fit and base.fit else None
+    loss, base_loss = final_loss(r, c.split), final_loss(base, c.split)
+    return {
+        "baseline_run": base.name,
+        "baseline_steps_to_target": reach(base, c.target)[0],
+        "claims_delta_loss": None if loss is None or base_loss is None else loss - base_loss,
+        "equal_fit_train_loss": level,
+        "equal_fit_gap": gap_at(r.fit, level) if level is not None and len(r.fit) > 1 else None,
+        "baseline_equal_fit_gap": gap_at(base.fit, level) if level is not None and len(base.fit) > 1 else None,
     }
 
 
@@ -92,11 +118,40 @@ def result_rows(
 ) -> list[dict]:
     """One row per run, then one per group; numbers as computed, before any rounding."""
     by_group = {c.group.label: c for c in comparisons}
-    runs = [run_row(g, r) for g in groups for r in g.runs]
+    runs = [run_row(g, r) | claim_inputs(r, by_group.get(g.label)) for g in groups for r in g.runs]
     return runs + [
         group_row(g, by_group.get(g.label), equal.get(g.label, EqualParams()), compute.get(g.label, EqualParams()))
         for g in groups
     ]
+
+
+def divergence_rows(units: list[dict[str, Outcome]]) -> list[dict]:
+    """One row per run that C2 stability (divergence) pairs (claims.grid_pairs), unselected and diverged runs included."""
+    return [
+        {"kind": "divergence", "name": o.name, "tying": o.mode, "unit": o.unit, "train_lr": o.lr}
+        | {"diverged": int(o.diverged), "divergence_why": o.why}
+        for unit in units
+        for o in unit.values()
+    ]
+
+
+def scope(runs: list[Run]) -> dict:
+    """What the runs are: counts of runs by device and dtype (bf16: bf16 autocast) and by CPU threads."""
+    return {
+        "precision": dict(Counter(f"{r.dtype} on {r.device}" for r in runs)),
+        "threads": dict(Counter(str(r.threads) if r.threads else "not recorded" for r in runs)),
+    }
+
+
+def scope_text(scope: dict) -> str:
+    def counts(by: dict) -> str:
+        return ", ".join(f"{k} ({n} run{'s' if n > 1 else ''})" for k, n in sorted(by.items()))
+
+    precision = counts({k.replace("bf16 on", "bf16 autocast on"): n for k, n in scope["precision"].items()})
+    threads = counts(scope["threads"]) + (
+        " (not recorded: trained before tiecli recorded threads)" if "not recorded" in scope["threads"] else ""
+    )
+    return f"precision: {precision}; CPU threads: {threads}"
 
 
 def results_json(baseline: str, rules: dict, rows: list[dict], claims: list, skipped: list, settings: dict) -> dict:
@@ -107,6 +162,7 @@ def results_json(baseline: str, rules: dict, rows: list[dict], claims: list, ski
         "rules": rules,
         "runs": [r for r in rows if r["kind"] == "run"],
         "groups": [r for r in rows if r["kind"] == "group"],
+        "divergence": [r for r in rows if r["kind"] == "divergence"],
         "claims": [asdict(c) for c in claims],
         "skipped": [asdict(s) for s in skipped],
     }

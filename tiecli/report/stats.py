@@ -20,6 +20,12 @@ CONFIDENCE = 0.95
 ALPHA = 1 - CONFIDENCE  # the family-wise error rate of the Holm-adjusted tests
 METRICS = ("loss", "perplexity", "bits_per_byte", "tokens_per_s")  # per-run numbers of every Run
 MIN_EVALS = 8  # fewer evaluations than this before the convergence target: the crossing is poorly resolved
+# Stability early in training (claim C2): a logged train loss (the mean since the previous log line) above
+# SPIKE_FACTOR x the median of the SPIKE_WINDOW logged losses before it is a spike, counted from the fourth
+# logged loss on; gradient-norm jitter is read over the first EARLY_FRACTION of the run's steps.
+SPIKE_FACTOR = 1.1
+SPIKE_WINDOW = 10
+EARLY_FRACTION = 0.2
 
 
 @dataclass
@@ -153,6 +159,51 @@ def matched_gap(a: Run, b: Run) -> float | None:
     return None if gap_a is None or gap_b is None else gap_a - gap_b
 
 
+def pair_excess(run: Run, key: str) -> float | None:
+    """R4 at the pairs: a share's mean over training for the related pairs minus that for their matched
+    random pairs (pair_KEY - pair_KEY_null, both from metrics.jsonl); None without pair statistics."""
+    forms, null = run.diag.get(f"pair_{key}"), run.diag.get(f"pair_{key}_null")
+    return None if forms is None or null is None else forms - null
+
+
+def loss_spikes(run: Run) -> int | None:
+    """Logged train losses above SPIKE_FACTOR x the median of the SPIKE_WINDOW before them (at least 3 before);
+    None with fewer than 4 logged losses."""
+    losses = [loss for _, loss in run.train_losses]
+    if len(losses) < 4:
+        return None
+    return sum(
+        losses[i] > SPIKE_FACTOR * statistics.median(losses[max(0, i - SPIKE_WINDOW) : i])
+        for i in range(3, len(losses))
+    )
+
+
+def grad_norm_jitter(run: Run) -> float | None:
+    """The sd of the changes in log gradient norm between consecutive logged steps over the first EARLY_FRACTION
+    of the run: step-to-step instability, scale-free and blind to the norm's smooth trend. None with under 3 norms."""
+    early = [math.log(g) for step, g in run.grad_norms if step <= EARLY_FRACTION * run.steps and g > 0]
+    if len(early) < 3:
+        return None
+    return statistics.stdev(np.diff(early).tolist())
+
+
+def divergence_threshold(run: Run) -> float | None:
+    """The loss a run must end below not to count as diverged: the validation split's unigram loss (log of the
+    count model's perplexity, summary.json), else the step-0 validation loss; None without either."""
+    unigram = ((run.corpus or {}).get("baselines") or {}).get("unigram", {}).get("perplexity")
+    if unigram:
+        return math.log(unigram)
+    return run.curve[0][2] if run.curve and run.curve[0][0] == 0 else None
+
+
+def diverged(run: Run) -> float | None:
+    """1.0 when a completed run's final validation loss is not finite or not below divergence_threshold, else 0.0."""
+    threshold = divergence_threshold(run)
+    if not math.isfinite(run.loss):
+        return 1.0
+    return None if threshold is None else float(run.loss >= threshold)
+
+
 def run_values(run: Run) -> dict[str, float | None]:
     """The per-run numbers beyond METRICS and the diagnostics: test split, generalisation gap, FLOPs,
     epochs, and the validation split's count-model perplexities (its corpus's, the same for every run on it)."""
@@ -168,6 +219,11 @@ def run_values(run: Run) -> dict[str, float | None]:
         "epochs": run.epochs,
         "unigram_perplexity": counts.get("unigram", {}).get("perplexity"),
         "bigram_perplexity": counts.get("bigram", {}).get("perplexity"),
+        **{f"pair_{key}_excess": pair_excess(run, key) for key in ("claimed", "pull_in", "push_out")},
+        "loss_spikes": loss_spikes(run),
+        "grad_norm_jitter": grad_norm_jitter(run),
+        "diverged": diverged(run),
+        "divergence_threshold": divergence_threshold(run),
     }
 
 

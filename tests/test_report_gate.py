@@ -1,0 +1,159 @@
+"""The report's headline and the labels on its verdicts (report.gate): pilot with fewer than three seeds
+or one untuned learning rate, withheld on the unigram plateau, each with the condition and its fix; plain
+verdicts when none fires. Synthetic run directories whose R4 verdict is "supported" by construction."""
+
+import math
+
+from test_report import TOKENS_PER_STEP, V, make_run, params, results, tiecli
+
+from tiecli import rundir
+
+UNIGRAM = 100.0  # the corpus's unigram perplexity in these runs (bigram: half of it)
+
+
+def corpus(unigram: float | None) -> dict:
+    """summary.json's corpus with count-model baselines, as `tiecli train` records it; None: without
+    them, as in runs made before tiecli 0.1."""
+    if unigram is None:
+        return {"key": "test"}
+
+    def scores(ppl):
+        return {"loss": math.log(ppl), "perplexity": ppl, "bits_per_byte": math.log2(ppl) / 2}
+
+    return {
+        "key": "test",
+        "train_tokens": 200_000,
+        "vocab_size": V,
+        "baselines": {"split": "val", "unigram": scores(unigram), "bigram": {**scores(unigram / 2), "k": 0.03}},
+    }
+
+
+def gate_run(root, mode, seed, loss, lr=0.003, unigram: float | None = UNIGRAM):
+    """nano, mode, seed: final val loss `loss`; every seed's grad cos -0.3 (tied) or 0 (untied), so R4's
+    Δcos is -0.3 in every seed: supported whatever the number of seeds."""
+    config = {
+        "device": "auto",
+        "compile": False,
+        "model": {"block_size": 128, "dropout": 0.0, "bias": True, "n_layer": 2, "n_head": 4, "n_embd": 64},
+        "train": {"max_steps": 20, "max_tokens": None, "lr": lr},
+        "diag": {"every": 10},
+        "tying": {"mode": mode},
+        "tokenizer": {"name": "bytes", "vocab_size": V},
+    }
+    cos = {"grad_cos": -0.3 if mode == "tied" else 0.0}
+    rows = [
+        rundir.MetricsRow(step=step, tokens=step * TOKENS_PER_STEP, lr=lr, val_loss=val, diag=cos if step else {})
+        for step, val in ((0, 5.0), (10, loss + 1), (20, loss))
+    ]
+    make_run(
+        root / f"nano-{mode}-lr{lr}-s{seed}",
+        config,
+        seed,
+        loss,
+        rows,
+        [],
+        params=params("nano", mode),
+        choices={"model": "nano", "tying": mode, "data": "shakespeare", "tokenizer": "bytes"},
+        corpus=corpus(unigram),
+    )
+
+
+def report(root, *args):
+    out = root.parent / "out"
+    result = tiecli("report", root, "--out", out, *args)
+    assert result.exit_code == 0, result.output
+    data, _, claims = results(out)
+    return result.output, (out / "report.md").read_text(), data, claims
+
+
+def test_two_seeds_on_the_plateau_at_one_untuned_lr_withhold_every_verdict_and_say_why(tmp_path):
+    """The issue's scenario: 2 seeds, the tied runs at 1.00x the unigram perplexity, one shared lr."""
+    for seed in (0, 1):
+        gate_run(tmp_path / "runs", "tied", seed, math.log(UNIGRAM) + 0.001 * seed)  # on the plateau
+        gate_run(tmp_path / "runs", "untied", seed, math.log(0.3 * UNIGRAM) + 0.001 * seed)
+    output, md, data, claims = report(tmp_path / "runs")
+    r4 = claims[("R4", "nano tied")]
+    assert r4["verdict"] == "supported"  # the rule's verdict is kept in results.json ...
+    shown = {(c["claim"], c["comparison"]): c["verdict"] for c in data["labels"]["shown"]}
+    assert shown[("R4", "nano tied")] == "withheld: supported"  # ... and shown labelled
+    assert data["labels"]["label"] == "withheld"
+    assert shown[("R3", "-")].startswith("no data")  # nothing measured: nothing to label
+    assert shown[("C1", "nano tied")] == claims[("C1", "nano tied")]["verdict"]  # exact counts: never labelled
+    md_r4 = next(line for line in md.splitlines() if line.startswith("| R4 | nano tied |"))
+    assert "| withheld: supported |" in md_r4 and "| supported |" not in md_r4
+    assert (
+        "| withheld: nano tied at 1.00x the unigram perplexity (> 0.5x: on the plateau); 2 seeds (< 3); "
+        f"train.lr 0.003 untuned. Rule: {r4['why']}" in md_r4.replace("\\|", "|")
+    )
+    conditions = [c["found"] + ": " + c["fix"] for c in data["labels"]["conditions"]]
+    assert conditions == [
+        "not off the unigram plateau: nano tied 1.00x the unigram perplexity (verdicts need at most 0.5x): train longer than 20 steps (train.max_steps) until the runs leave it",
+        "2 seeds (0, 1) per group, fewer than 3: run seed=0,1,2",
+        "one shared lr 0.003, untuned (no --select over a learning-rate grid): sweep train.lr (e.g. "
+        "train.lr=1e-3,3e-3,1e-2) and report with --select train.lr",
+    ]
+    flat = " ".join(output.split())  # the terminal wraps lines at its width
+    for text in conditions:
+        assert text in flat and text in md
+    # the headline comes first: what was compared, the difference with its interval, how far the runs got
+    first = md.split("## ")[0]
+    assert "Compared: tied vs untied; model nano; 20 steps (20,000 tokens, 0.1 epochs)" in first
+    assert "seeds 0, 1 (2 per group)" in first and "Verdicts withheld" in first
+    delta = 100 * (1 / 0.3 - 1)  # the same Δloss in both seeds: a zero-width interval
+    assert (
+        f"Tied vs untied, val perplexity, paired by seed, nano: +{delta:.3g} % [+{delta:.3g}, +{delta:.3g}] "
+        "(2 seeds; C6 withheld: contradicted)." in first
+    )
+    assert "tied 1.00x unigram, 2.00x bigram; untied 0.30x unigram, 0.60x bigram" in first
+    assert output.startswith("Compared: tied vs untied")
+    assert md.index("## Appendix: rules") > md.index("## Figures") > md.index("## Claims")
+    assert "verdict labels" in data["rules"]
+
+
+def test_three_seeds_off_the_plateau_with_each_lr_selected_give_plain_verdicts(tmp_path):
+    for lr, offset in ((0.001, 0.2), (0.003, 0.0)):
+        for seed in range(3):
+            for mode, ppl in (("tied", 0.2), ("untied", 0.25)):
+                gate_run(tmp_path / "runs", mode, seed, math.log(ppl * UNIGRAM) + offset + 0.01 * seed, lr=lr)
+    output, md, data, claims = report(tmp_path / "runs", "--select", "train.lr")
+    assert data["labels"] == {
+        "label": None,
+        "conditions": [],
+        "shown": [
+            {"claim": c["claim"], "comparison": c["comparison"], "verdict": c["verdict"]} for c in data["claims"]
+        ],
+    }
+    assert claims[("R4", "nano tied")]["verdict"] == "supported"
+    assert "| R4 | nano tied | gradient table, grad_cos.png |" in md
+    claim_lines = [line for line in md.splitlines() if line.startswith(("| R", "| C"))]
+    assert len(claim_lines) > 10 and not any("| pilot:" in line or "| withheld:" in line for line in claim_lines)
+    assert "pilot:" not in output and "withheld:" not in output
+    assert "Verdicts: every group off the unigram plateau (at most 0.5x), 3+ seeds, each learning rate selected" in md
+    assert "; train.lr chosen by --select: 0.003 (nano tied), 0.003 (nano untied); 2 groups." in md
+    assert "12 runs in 2 groups (2 more not selected), 0 skipped" in " ".join(output.split())
+    # without --select the same runs compare each mode at each lr, none chosen: pilot, naming both rates
+    _, _, data, _ = report(tmp_path / "runs")
+    assert data["labels"]["label"] == "pilot"
+    assert [c["found"] for c in data["labels"]["conditions"]] == [
+        "lr 0.001, 0.003, untuned (no --select over a learning-rate grid)"
+    ]
+
+
+def test_a_select_over_one_learning_rate_is_no_tuning_and_old_runs_cannot_tell_the_plateau(tmp_path):
+    for seed in range(3):
+        for mode in ("tied", "untied"):
+            gate_run(tmp_path / "runs", mode, seed, math.log(0.2 * UNIGRAM) + 0.01 * seed)
+    _, _, data, _ = report(tmp_path / "runs", "--select", "train.lr")
+    assert [c["found"] for c in data["labels"]["conditions"]] == [
+        "one shared lr 0.003, untuned (no --select over a learning-rate grid)"
+    ]
+    # summary.json without count-model baselines (runs made before them): pilot, not a verdict
+    for seed in range(3):
+        for mode in ("tied", "untied"):
+            gate_run(tmp_path / "old", mode, seed, 3.0 + 0.01 * seed, unigram=None)
+    _, _, data, _ = report(tmp_path / "old", "--select", "train.lr")
+    assert data["labels"]["label"] == "pilot"
+    assert {c["verdict"] for c in data["labels"]["shown"] if c["claim"] == "R4"} == {"pilot: supported"}
+    assert data["labels"]["conditions"][0]["found"] == (
+        "no unigram baseline in summary.json (nano tied, nano untied: made before tiecli 0.1), so the plateau cannot be told"
+    )
