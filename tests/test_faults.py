@@ -82,12 +82,13 @@ def spawn(*argv, **kw) -> subprocess.Popen:
     )
 
 
-def refused(result, code: int, text: str) -> None:
-    """Refused before any training: the whole output is one error line."""
+def refused(result, code: int, text: str) -> str:
+    """Refused before any training: the whole output is one error line, returned."""
     assert result.exit_code == code, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.output.startswith("error:") and text in result.output, result.output
     assert result.output.strip().count("\n") == 0, result.output
+    return result.output.strip()
 
 
 def ends_in_error(output: str, text: str) -> str:
@@ -762,3 +763,149 @@ def test_a_group_given_twice_is_refused(isolated):
 def test_bad_config_values_exit_2_in_one_line_and_leave_nothing(isolated, override, text):
     refused(tiecli("train", *args(override), "--name", "X"), 2, text)
     assert not (isolated / "runs").exists()
+
+
+# --- 9. the fault round of "The first hour": resumes that must not start, and a rank signalled while starting ---
+
+
+def cut_eval_json(run: Path) -> str:
+    (run / rundir.EVAL).write_text("{")
+    return "run X: eval.json is unreadable"
+
+
+def no_init_checkpoint(run: Path) -> str:
+    (run / rundir.INIT_CHECKPOINT).unlink()
+    return "run X: no checkpoint at"
+
+
+def cut_geometry_json(run: Path) -> str:
+    (run / rundir.GEOMETRY).write_text('{"format": 1, "entries": [')
+    return "run X: geometry.json is unreadable"
+
+
+@pytest.mark.parametrize("damage", [cut_eval_json, no_init_checkpoint, cut_geometry_json])
+def test_a_resume_that_could_not_finish_is_refused_before_it_trains_and_the_run_stays_completed(done, damage):
+    """Before: the extension trained to step 12, then failed on the file, and the completed run read `failed`."""
+    text = damage(done)
+    before = contents(done)
+    refused(tiecli("train", "--resume", done, "train.max_steps=12"), 1, text)
+    refused(tiecli("train", *args("train.max_steps=12"), "--name", "X", "--resume"), 1, text)
+    assert contents(done) == before  # every byte, summary.json's `completed` included
+    assert rundir.RunReader(done).status() == "completed"
+
+
+def train_other(name: str, steps: int) -> Path:
+    """Another run of the same shapes, trained further than X."""
+    result = tiecli("train", *args(f"train.max_steps={steps}", "seed=1"), "--name", name)
+    assert result.exit_code == 0, result.output
+    return Path("runs") / name
+
+
+def without_run_ids(run: Path) -> None:
+    """The run as a tiecli from before run ids wrote it: none in summary.json, none (nor logged_step) in last.pt."""
+    summary = rundir.read_json(run / rundir.SUMMARY)
+    del summary["run_id"]
+    rundir.write_json(run / rundir.SUMMARY, summary)
+    ckpt = torch.load(run / rundir.CHECKPOINT, weights_only=True)
+    del ckpt["state"]["run_id"], ckpt["state"]["logged_step"]
+    torch.save(ckpt, run / rundir.CHECKPOINT)
+
+
+def test_another_runs_checkpoint_is_refused_naming_both_sides(done):
+    other = train_other("Y", 12)
+    (done / rundir.CHECKPOINT).write_bytes((other / rundir.CHECKPOINT).read_bytes())
+    before = contents(done)
+    ours, theirs = rundir.RunReader(done).summary().run_id, rundir.RunReader(other).summary().run_id
+    assert ours and theirs and ours != theirs
+    line = refused(tiecli("train", "--resume", done, "train.max_steps=16"), 1, f"belongs to run id {theirs}")
+    assert f"this run is {ours}" in line
+    assert contents(done) == before
+
+    # Without ids (runs from before them), the steps tell: summary.json says 8, the checkpoint 12 ...
+    without_run_ids(done)
+    refused(
+        tiecli("train", "--resume", done, "train.max_steps=16"),
+        1,
+        "last.pt is at step 12, but summary.json says the run was completed at step 8",
+    )
+    # ... and for a run killed mid-way (summary.json still `running` at step 0), metrics.jsonl does.
+    summary = rundir.read_json(done / rundir.SUMMARY)
+    rundir.write_json(done / rundir.SUMMARY, {**summary, "status": "running", "step": 0})
+    before = contents(done)
+    line = refused(tiecli("train", "--resume", done, "train.max_steps=16"), 1, "metrics.jsonl ends at step 8")
+    assert "last.pt is at step 12, with a row every 2 steps" in line
+    assert contents(done) == before
+
+
+def test_a_run_from_before_run_ids_still_resumes_and_gets_one(done):
+    without_run_ids(done)
+    result = tiecli("train", "--resume", done, "train.max_steps=12")
+    assert result.exit_code == 0, result.output
+    run_id = rundir.RunReader(done).summary().run_id
+    assert run_id and checkpoint.load(done / rundir.CHECKPOINT, "X")["state"]["run_id"] == run_id
+    assert steps_of(done) == [0, 2, 4, 6, 8, 10, 12]
+
+
+def cut_mid_file(metrics: Path) -> str:
+    text = metrics.read_text()
+    metrics.write_text(text[: len(text) // 2])  # mid-line: the torn last line is dropped, the rows after it lost
+    return "metrics.jsonl ends at step "
+
+
+def emptied(metrics: Path) -> str:
+    metrics.write_text("")
+    return "metrics.jsonl has no rows"
+
+
+@pytest.mark.parametrize("damage", [cut_mid_file, emptied])
+@pytest.mark.parametrize("old", [False, True], ids=["checkpoint", "old checkpoint"])
+def test_a_resume_after_metrics_lost_rows_says_which_and_changes_nothing(done, damage, old):
+    if old:
+        without_run_ids(done)
+    text = damage(done / rundir.METRICS)
+    before = contents(done)
+    line = refused(tiecli("train", "--resume", done, "train.max_steps=12"), 1, text)
+    assert "last.pt is at step 8" in line and "rows were lost" in line
+    assert ("with a row every 2 steps" if old else "written after the row of step 8") in line
+    assert contents(done) == before
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_rank_0_while_it_starts_is_one_line(isolated):
+    """SIGUSR2 (a cluster's time limit) reaching rank 0 before it can catch it ends it at once; --nproc's
+    launcher says so in one line, exit 130 as for any stop. Before: exit 1 and no output at all."""
+    proc = spawn("train", "--nproc", "2", *args("train.max_steps=1000"), "--name", "D", env=os.environ | THREAD)
+    deadline, rank0 = time.monotonic() + 120, None
+    while rank0 is None and time.monotonic() < deadline and proc.poll() is None:
+        rank0 = next((pid for pid in child_pids(proc.pid) if b"RANK=0" in environ(pid)), None)
+        time.sleep(0.01)
+    assert rank0 is not None, proc.communicate()
+    os.kill(rank0, signal.SIGUSR2)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip() == (
+        "error: rank 0 of 2 was ended by SIGUSR2 (before it could catch it); what the run had saved is kept: "
+        "run the same command again, with --resume if the run exists"
+    ), err
+    assert out == ""
+
+
+THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes that any thread of `pid` started (torchrun's agent starts the ranks from one of its threads)."""
+    pids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            pids += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+    return pids
+
+
+def environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []

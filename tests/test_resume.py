@@ -1,9 +1,11 @@
 """Resume as nanoGPT and litgpt users expect: the run's own config, no retyping, extension allowed."""
 
+import json
+
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import rundir
+from tiecli import checkpoint, rundir
 from tiecli.cli import app
 
 runner = CliRunner()
@@ -47,3 +49,41 @@ def test_resume_with_overrides_equal_to_the_run_is_accepted(isolated):
     assert tiecli("train", *TINY, "tying=untied", "--name", "r").exit_code == 0
     result = tiecli("train", *TINY, "tying=untied", "--name", "r", "--resume")
     assert result.exit_code == 0 and "already complete" in result.output
+
+
+def one_line(result, code: int, text: str) -> None:
+    assert result.exit_code == code and result.output.startswith("error:") and text in result.output, result.output
+    assert result.output.strip().count("\n") == 0, result.output
+
+
+EVERY_3 = [o for o in SHORT if not o.startswith("train.checkpoint_interval=")] + ["train.checkpoint_interval=3"]
+
+
+def test_keep_checkpoints_keeps_the_last_n_for_sample_and_eval_at_a_step(isolated):
+    assert tiecli("train", *EVERY_3, "train.max_steps=12", "train.keep_checkpoints=2", "--name", "k").exit_code == 0
+    run, reader = isolated / "runs" / "k", rundir.RunReader(isolated / "runs" / "k")
+    assert reader.kept_steps() == [9, 12]  # of the checkpoints at 3, 6, 9 and 12, the last two
+    assert (run / "checkpoints" / "step_12.pt").samefile(run / rundir.CHECKPOINT)  # a link: no second copy
+    assert checkpoint.load(run / "checkpoints" / "step_9.pt", "k")["state"]["step"] == 9
+
+    recorded = (run / rundir.EVAL).read_bytes()
+    at_9 = tiecli("eval", run, "--step", "9")
+    assert at_9.exit_code == 0 and "k: val at step 9" in at_9.output, at_9.output
+    assert (run / rundir.EVAL).read_bytes() == recorded  # eval.json keeps the latest step's, which report reads
+    assert reader.evals()["val"].step == 12
+    sampled = json.loads(tiecli("sample", run, "--step", "9", "--max-new-tokens", "4", "--json").output)
+    assert sampled["step"] == 9
+    for command in ("sample", "eval"):
+        one_line(tiecli(command, run, "--step", "4"), 1, "run k has full weights at steps 9, 12; choose latest or one")
+
+    # Lowered on a resume, the kept ones beyond the new N go once the next one is written.
+    result = tiecli("train", "--resume", run, "train.max_steps=15", "train.keep_checkpoints=1")
+    assert result.exit_code == 0, result.output
+    assert reader.kept_steps() == [15]
+
+
+def test_by_default_only_last_pt_is_kept_and_a_negative_count_is_refused(isolated):
+    assert tiecli("train", *EVERY_3, "train.max_steps=12", "--name", "d").exit_code == 0
+    assert sorted(p.name for p in (isolated / "runs" / "d" / "checkpoints").glob("*.pt")) == ["init.pt", "last.pt"]
+    one_line(tiecli("train", *TINY, "train.keep_checkpoints=-1", "--name", "n"), 2, "train.keep_checkpoints=-1")
+    assert not (isolated / "runs" / "n").exists()

@@ -50,6 +50,24 @@ def load(path: Path, run: str, keys: tuple[str, ...] = TRAIN_KEYS) -> dict:
     return ckpt
 
 
+def check_step(ckpt: dict, step: str, kept: list[int], run: str) -> None:
+    """--step STEP against the checkpoint loaded for it (rundir.RunReader.full_checkpoint): `latest`, or a
+    step that run `run` has full weights at, last.pt's or a kept one's; TiecliError listing them otherwise."""
+    saved = ckpt["state"]["step"]
+    if step == "latest" or (step.isascii() and step.isdigit() and int(step) == saved):
+        return
+    steps = sorted({*kept, saved})
+    if len(steps) == 1:
+        raise TiecliError(
+            f"--step {step!r}: run {run} has full weights only at step {saved}; choose latest or {saved} "
+            "(train.keep_checkpoints=N keeps N more)"
+        )
+    raise TiecliError(
+        f"--step {step!r}: run {run} has full weights at steps {', '.join(map(str, steps))}; "
+        "choose latest or one of them"
+    )
+
+
 def load_weights(module: torch.nn.Module, state, run: str, what: str) -> None:
     """load_state_dict with every mismatch (missing, unexpected, wrong shape) as one line."""
     check_weights(module.state_dict(), state, run, what)

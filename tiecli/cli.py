@@ -289,6 +289,13 @@ def eval_(
             "4 times the validation split, else a fixed evenly spaced subset of that size"
         ),
     ] = Split.val,
+    step: Annotated[
+        str,
+        typer.Option(
+            help="latest (last.pt; recorded in eval.json), or a step with a full checkpoint "
+            "(train.keep_checkpoints keeps them): printed only"
+        ),
+    ] = "latest",
     runs_dir: RunsDir = Path("runs"),
 ):
     """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency on a split.
@@ -296,11 +303,14 @@ def eval_(
     Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
     """
     with user_errors():
+        from tiecli.evaluate import evaluate_run
+        from tiecli.sample import check_step
+
+        check_step(step)
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
-        from tiecli.evaluate import evaluate_run
 
-        result = evaluate_run(run, run_config, split.value)
+        result = evaluate_run(run, run_config, split.value, step)
         console.print(display.eval_table(asdict(result), f"{run.name}: {split.value} at step {result.step}"))
 
 

@@ -74,6 +74,7 @@ class TrainConfig:
     eval_batches: int
     log_interval: int
     checkpoint_interval: int
+    keep_checkpoints: int
     sample_tokens: int
 
 
@@ -573,6 +574,10 @@ def _validate_train(t: TrainConfig) -> None:
             getattr(t, key) is None or getattr(t, key) >= 1,
             f"train.{key}={getattr(t, key)} must be at least 1 (or null: {instead})",
         )
+    need(
+        t.keep_checkpoints >= 0,
+        f"train.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: last.pt only)",
+    )
     need(t.sample_tokens >= 0, f"train.sample_tokens={t.sample_tokens} must be >= 0 (0: no sample after training)")
     need(
         t.lr > 0 and 0 <= t.min_lr <= t.lr,

@@ -21,6 +21,7 @@ import datetime
 import logging
 import os
 import re
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -84,9 +85,29 @@ def torchrun(nproc: int, args: list[str]) -> int:
     except SignalException:
         return 130
     except ChildFailedError as e:
-        codes = [f.exitcode for _, f in sorted(e.failures.items())]
-        return next((c for c in codes if c > 0), 1)
+        failures = sorted(e.failures.items())
+        code = next((f.exitcode for _, f in failures if f.exitcode > 0), None)
+        if code is None:  # every failed rank was ended by a signal, so none could say what happened
+            raise killed_by_signal(failures[0][0], nproc, -failures[0][1].exitcode) from None
+        return code
     return 0
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)  # what train.StopFlag turns into a clean stop
+
+
+def killed_by_signal(rank: int, nproc: int, signum: int) -> TiecliError:
+    """The one line for a rank that a signal ended before it could say anything: a stop signal that
+    came while it was starting (imports, the process group, planning) or finishing, or a SIGKILL.
+    Exit code 130 for a stop signal, as for any interrupted run; else 128 + the signal's number."""
+    name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+    why = "kill -9 or the out-of-memory killer" if signum == signal.SIGKILL else "before it could catch it"
+    error = TiecliError(
+        f"rank {rank} of {nproc} was ended by {name} ({why}); what the run had saved is kept: "
+        "run the same command again, with --resume if the run exists"
+    )
+    error.exit_code = 130 if signum in STOP_SIGNALS else 128 + signum
+    return error
 
 
 def launch_config(cls: type, **wanted: Any) -> Any:

@@ -116,18 +116,27 @@ def _metrics(split: str, bucket_nll: list[float], bucket_count: list[float], n_b
     }
 
 
-def evaluate_run(run_dir: Path, config: Config, split: str) -> EvalResult:
-    """Reload a run's last checkpoint, evaluate a whole split (the training split: whole_split_limit), record it in eval.json."""
-    device = pick_device(config.device)
-    corpus = load_corpus(config.data, config.tokenizer)
+def evaluate_run(run_dir: Path, config: Config, split: str, step: str = "latest") -> EvalResult:
+    """Reload a run's checkpoint and evaluate a whole split (the training split: whole_split_limit).
+
+    step: latest (last.pt), recorded in eval.json; or a step with full weights (last.pt's, or one that
+    train.keep_checkpoints kept), only returned: eval.json keeps the latest checkpoint's, which `report` reads.
+    """
+    if step != "latest":
+        return _evaluate(rundir.RunReader(run_dir), config, split, step)
     with RunWriter.open(run_dir) as run:
-        run.reader.check_corpus(corpus.key)
-        model, ckpt = checkpoint.load_model(run_dir / rundir.CHECKPOINT, config.model, run_dir.name)
-        autocast = autocast_for(device, pick_dtype(config.dtype, device))
-        limit = whole_split_limit(corpus, split, config.model.block_size)
-        metrics = evaluate(
-            model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast, limit
-        )
-        result = EvalResult(step=ckpt["state"]["step"], **metrics)
+        result = _evaluate(run.reader, config, split, step)
         run.eval(result)
     return result
+
+
+def _evaluate(reader: rundir.RunReader, config: Config, split: str, step: str) -> EvalResult:
+    device = pick_device(config.device)
+    corpus = load_corpus(config.data, config.tokenizer)
+    reader.check_corpus(corpus.key)
+    model, ckpt = checkpoint.load_model(reader.full_checkpoint(step), config.model, reader.name)
+    checkpoint.check_step(ckpt, step, reader.kept_steps(), reader.name)
+    autocast = autocast_for(device, pick_dtype(config.dtype, device))
+    limit = whole_split_limit(corpus, split, config.model.block_size)
+    metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast, limit)
+    return EvalResult(step=ckpt["state"]["step"], **metrics)

@@ -5,6 +5,11 @@ Retyping the overrides is never needed. Overrides given with --resume may change
 not alter what was already trained (EXTENDABLE, and every diag.* key); any other key or group must
 keep its value. Extending train.max_steps or train.max_tokens recomputes the cosine
 schedule over the new total: from the resume step on, the learning rate is the new schedule's.
+
+Before a resume changes anything, every file it will read is read (check_files) and the checkpoint
+is matched to the run (check_checkpoint): its run id, and its step against summary.json and
+metrics.jsonl. A refusal is one line and leaves every byte of the run as it was, so a completed run
+that a resume could not extend stays completed.
 """
 
 import copy
@@ -13,12 +18,14 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from tiecli import config, distributed, rundir
+from tiecli import checkpoint, config, distributed, rundir
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.model import GPTConfig
 
 EXTENDABLE = (
     "train.max_steps",
     "train.max_tokens",
+    "train.keep_checkpoints",  # how many past checkpoints stay on disk: nothing the run trains on
     "train.eval_interval",
     "train.evals",
     "train.eval_batches",
@@ -82,4 +89,52 @@ def plan(
             f"run {name} is already complete (step {summary.step}); extend it with e.g. train.max_steps={2 * summary.step}"
         )
         return None, cfg, {}
+    check_files(reader, config.to_config(cfg).model)  # at once, before the data and model are built
     return path, cfg, {rundir.CONFIG: config.to_yaml(cfg)}
+
+
+def check_files(reader: rundir.RunReader, model: GPTConfig) -> None:
+    """Read every file of the run that training reads or rewrites, so that one unreadable file is
+    refused before anything changes rather than failing the run after it trained (FormatError)."""
+    try:
+        reader.config(), reader.summary(), reader.trackers()  # overrides.yaml: read by plan(), for the choices
+        reader.metrics(), reader.evals(), reader.geometry()
+        checkpoint.load_embeddings(reader.path / rundir.INIT_CHECKPOINT, model, reader.name)  # geometry's reference
+    except TiecliError as e:
+        raise TiecliError(f"{e}; --resume left the run as it was") from None
+
+
+def check_checkpoint(reader: rundir.RunReader, ckpt: dict, log_interval: int) -> None:
+    """TiecliError, naming both sides, when last.pt is not where this run stands: another run's id,
+    another step than summary.json's, or a step past metrics.jsonl's rows (a cut or emptied file).
+
+    ckpt["state"]: logged_step, the last metrics row written before it; checkpoints older than that
+    field are held to a row within log_interval steps before theirs (a row comes at least that often).
+    """
+    summary, state, name = reader.summary(), ckpt["state"], reader.name
+    step, theirs = state["step"], state.get("run_id")
+    if theirs is not None and summary.run_id is not None and theirs != summary.run_id:
+        raise TiecliError(
+            f"run {name}: {rundir.CHECKPOINT} belongs to run id {theirs}, but {rundir.SUMMARY} says this run is "
+            f"{summary.run_id}: it was copied from another run; put back this run's own, or train that one"
+        )
+    ended = summary.status in ("completed", "interrupted")  # both save a checkpoint at the step they record
+    if (step > summary.step and summary.status != "running") or (ended and step != summary.step):
+        raise TiecliError(
+            f"run {name}: {rundir.CHECKPOINT} is at step {step}, but {rundir.SUMMARY} says the run was "
+            f"{summary.status} at step {summary.step}: the checkpoint is not this run's last one"
+        )
+    logged = [r.step for r in reader.metrics() if r.step <= step]
+    last, expected = (logged[-1] if logged else None), state.get("logged_step")
+    if expected is not None:
+        fits, written = last == expected, f"written after the row of step {expected}"
+    else:
+        fits, written = last is not None and step - last < log_interval, f"with a row every {log_interval} steps"
+    if fits:
+        return
+    rows = f"ends at step {last}" if last is not None else "has no rows"
+    raise TiecliError(
+        f"run {name}: {rundir.METRICS} {rows}, but {rundir.CHECKPOINT} is at step {step}, {written}: rows were "
+        "lost (a cut or emptied file) or the checkpoint is another run's; resuming would leave a gap in the "
+        "curves: put back the run's metrics.jsonl, or start a new run with another --name"
+    )

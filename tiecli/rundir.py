@@ -11,7 +11,8 @@ runs/<name>/
   trackers.json    with logger=[wandb]: the W&B run id, so a resumed run continues the same W&B run
   tb/, wandb/      with logger=[...]: what TensorBoard and W&B write (see tiecli/trackers.py)
   checkpoints/     last.pt (model, optimizer, RNG and data position), init.pt (token matrices at
-                   step 0), emb/step_N.pt (token matrices at each geometry step)
+                   step 0), emb/step_N.pt (token matrices at each geometry step), and with
+                   train.keep_checkpoints, step_N.pt (earlier last.pt files, for sample/eval --step N)
   .lock            held (flock) by the one process writing the run; the OS releases it when that process dies
 
 Every JSON file carries `format` (FORMAT); a reader refuses a newer one by name. Every file is
@@ -31,6 +32,7 @@ import shutil
 import tempfile
 import types
 import typing
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,7 @@ GEOMETRY, LOCK, TRACKERS = "geometry.json", ".lock", "trackers.json"
 CHECKPOINT = Path("checkpoints") / "last.pt"
 INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
 SNAPSHOTS = Path("checkpoints") / "emb"
+KEPT = Path("checkpoints")  # step_N.pt: full checkpoints kept by train.keep_checkpoints
 STATUSES = ("running", "completed", "failed", "interrupted")
 JOB_STATES = ("pending", *STATUSES)
 
@@ -89,6 +92,7 @@ class Summary:
     final_val: dict | None = None
     world_size: int = 1  # processes training together (DDP under torchrun)
     batch: dict | None = None  # the global batch: global = micro_batch x grad_accum x world_size sequences, and tokens
+    run_id: str | None = None  # made with the run, also in each of its checkpoints: another run's last.pt is refused
     threads: int | None = None  # torch's CPU threads per process (runtime.use_threads); None in older runs
     format: int = FORMAT
 
@@ -316,6 +320,11 @@ def read_yaml(path: Path, what: str) -> dict:
     return obj
 
 
+def new_run_id() -> str:
+    """A run's identity, which its checkpoints carry: a name can be reused, a copied last.pt keeps its run's id."""
+    return uuid.uuid4().hex[:16]
+
+
 def run_path(runs_dir: Path, name: str) -> Path:
     """runs_dir/name, refusing names that are empty, absolute, too long or would leave runs_dir."""
     if not name or Path(name).is_absolute():
@@ -532,11 +541,17 @@ class RunReader:
         return checkpoint.load(self.path / CHECKPOINT, self.name)
 
     def snapshot_steps(self) -> list[int]:
-        return sorted(
-            int(p.stem.removeprefix("step_"))
-            for p in (self.path / SNAPSHOTS).glob("step_*.pt")
-            if p.stem.removeprefix("step_").isdigit()
-        )
+        return _steps(self.path / SNAPSHOTS)
+
+    def kept_steps(self) -> list[int]:
+        """The steps of the full checkpoints that train.keep_checkpoints kept (checkpoints/step_N.pt)."""
+        return _steps(self.path / KEPT)
+
+    def full_checkpoint(self, step: str) -> Path:
+        """The file that holds --step STEP's full weights if any does: a kept step_N.pt, else last.pt
+        (whose step the caller checks once loaded: checkpoint.check_step)."""
+        kept = self.path / KEPT / f"step_{int(step)}.pt" if step.isascii() and step.isdigit() else None
+        return kept if kept is not None and kept.is_file() else self.path / CHECKPOINT
 
     def check_corpus(self, key: str) -> None:
         """Refuse to resume or evaluate a run on data other than what it was trained on."""
@@ -553,6 +568,13 @@ class RunReader:
                 f"the data or tokenizer changed since {self.name!r} was trained "
                 f"(corpus key {trained}, now {key}): its token ids would not mean the same"
             )
+
+
+def _steps(folder: Path) -> list[int]:
+    """N of each step_N.pt in folder, ascending."""
+    return sorted(
+        int(p.stem.removeprefix("step_")) for p in folder.glob("step_*.pt") if p.stem.removeprefix("step_").isdigit()
+    )
 
 
 # --- writing -----------------------------------------------------------------------------------------
@@ -687,6 +709,24 @@ class RunWriter:
         """A checkpoint file (serialised by the caller) at a path inside the run."""
         atomic_write(self.path / relative, data)
 
+    def keep_checkpoint(self, step: int, keep: int) -> None:
+        """Keep last.pt, just written at `step`, as checkpoints/step_N.pt too (a hard link: no second copy on
+        disk; a copy where links are not allowed), then remove the oldest kept beyond `keep` (0: all).
+        Both are atomic: the link is made under a temporary name and renamed into place."""
+        if keep > 0:
+            kept, last = self.path / KEPT / f"step_{step}.pt", self.path / CHECKPOINT
+            tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(last, tmp)
+                os.replace(tmp, kept)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                atomic_write(kept, last.read_bytes())
+        steps = self.reader.kept_steps()
+        for old in steps[: max(0, len(steps) - keep)]:
+            (self.path / KEPT / f"step_{old}.pt").unlink(missing_ok=True)
+
     def remove_snapshot(self, step: int) -> None:
         """Delete one step's token-matrix snapshot (train thins them to diag.max_snapshots)."""
         (self.path / SNAPSHOTS / f"step_{step}.pt").unlink(missing_ok=True)
@@ -703,5 +743,8 @@ class RunWriter:
         for step in self.reader.snapshot_steps():
             if step > last_step:
                 (self.path / SNAPSHOTS / f"step_{step}.pt").unlink()
+        for step in self.reader.kept_steps():
+            if step > last_step:
+                (self.path / KEPT / f"step_{step}.pt").unlink()
         if last_step < 0:
             (self.path / EVAL).unlink(missing_ok=True)

@@ -127,20 +127,18 @@ def encode_prompt(encoding: tiktoken.Encoding, text: str, vocab_size: int) -> li
 
 
 def load(run_dir: Path, config: Config, step: str) -> tuple[GPT, tiktoken.Encoding, int]:
-    """A run's model with its last checkpoint's weights, in eval mode, and the run's tokenizer."""
+    """A run's model with the weights of its checkpoint at `step` (latest: last.pt), in eval mode, and the run's tokenizer."""
     reader = rundir.RunReader(run_dir)
-    if not (run_dir / rundir.CHECKPOINT).is_file():
+    path = reader.full_checkpoint(step)
+    if not path.is_file():
         raise TiecliError(
             f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to sample from: "
             "it stopped before saving one; train it further with --resume"
         )
-    model, ckpt = checkpoint.load_model(run_dir / rundir.CHECKPOINT, config.model, run_dir.name)
+    model, ckpt = checkpoint.load_model(path, config.model, run_dir.name)
     saved = ckpt["state"]["step"]
-    if step != "latest" and step != str(saved):
-        # Only last.pt holds a whole model; checkpoints/emb/ keeps the token matrices alone.
-        raise TiecliError(
-            f"--step {step!r}: run {run_dir.name} has full weights only at step {saved}; choose latest or {saved}"
-        )
+    # Only last.pt and the kept step_N.pt hold a whole model; checkpoints/emb/ keeps the token matrices alone.
+    checkpoint.check_step(ckpt, step, reader.kept_steps(), run_dir.name)
     corpus = load_corpus(config.data, config.tokenizer)
     reader.check_corpus(corpus.key)  # another tokenizer's ids would not mean the same
     return model.eval(), corpus.encoding, saved

@@ -21,6 +21,7 @@ from rich.console import Console
 
 import tiecli
 from tiecli import baselines, checkpoint, diagnostics, distributed, rundir
+from tiecli import resume as resuming
 from tiecli.config import Config, TrainConfig
 from tiecli.data import Corpus, get_batch, load_corpus
 from tiecli.display import TrainProgress
@@ -62,6 +63,8 @@ class TrainState:
     best_val_step: int | None = None
     loss_sum: float = 0.0  # train loss summed since the last log line
     loss_n: int = 0
+    run_id: str | None = None  # summary.json's: a resume refuses a checkpoint of another run
+    logged_step: int | None = None  # the step of the last metrics.jsonl row: a resume checks the file still has it
 
 
 @dataclass
@@ -194,6 +197,7 @@ def new_summary(s: Setup, name: str) -> Summary:
             "baselines": baselines.of_corpus(s.corpus),
         },
         started=now(),
+        run_id=rundir.new_run_id(),
     )
 
 
@@ -204,11 +208,13 @@ def now() -> str:
 def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tuple[RunWriter, TrainState, bool]:
     """The run's writer and where training stands: a new run at step 0, or a resumed one at its checkpoint."""
     if not resume:
-        init = checkpoint.to_bytes({"emb": s.model.emb.state_dict()})
-        return RunWriter.create(run_dir, files, new_summary(s, run_dir.name), init), TrainState(), False
+        init, summary = checkpoint.to_bytes({"emb": s.model.emb.state_dict()}), new_summary(s, run_dir.name)
+        return RunWriter.create(run_dir, files, summary, init), TrainState(run_id=summary.run_id), False
     run = RunWriter.open(run_dir)
     try:
         run.reader.check_corpus(s.corpus.key)
+        resuming.check_files(run.reader, s.config.model)  # nothing is changed until all of them have been read
+        run_id = run.reader.summary().run_id or rundir.new_run_id()  # a run from before run ids gets one now
         if not (run_dir / rundir.CHECKPOINT).is_file():
             if run.reader.summary().step > 0:  # never replace trained steps with a fresh start
                 raise TiecliError(
@@ -217,10 +223,13 @@ def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tu
                 )
             run.truncate_after(-1)
             run.rewrite(files)
-            return run, TrainState(), False
+            return run, TrainState(run_id=run_id), False
         ckpt = run.reader.checkpoint()
         distributed.check_world_size(ckpt, run_dir.name)
+        stored = run.reader.config().get("train", {}).get("log_interval", 1)  # what the checkpoint was written with
+        resuming.check_checkpoint(run.reader, ckpt, max(stored, s.config.train.log_interval))
         state = restore(s, ckpt, run_dir.name)
+        state.run_id = run_id
         run.truncate_after(state.step)
         run.rewrite(files)  # config.yaml with what the overrides extend (train.max_steps=...)
         return run, state, True
@@ -318,7 +327,7 @@ def train(
     with StopFlag() as stop:
         threads = run_threads(config, run_dir, resume)
         s = prepare(config)
-        if stop.requested:
+        if distributed.any_rank(stop.requested):  # every rank stops here, so rank 0 alone says so
             raise Interrupted("interrupted before the run started; nothing was written")
         run, state, resumed = open_on_ranks(s, run_dir, resume, files)
         if run is None:  # a rank other than 0: trains in step with rank 0 and writes nothing
@@ -335,6 +344,7 @@ def train(
             console.print(distributed.batch_line(config.train, config.model.block_size), highlight=False)
             summary = run.reader.summary()
             summary.status, summary.error, summary.started = "running", None, now()
+            summary.run_id = state.run_id
             summary.max_steps, summary.threads = config.max_steps, threads.n
             run.summary(summary)
             try:
@@ -419,7 +429,7 @@ def fit(
             state.loss_n = 0
             interval_start, interval_tokens = time.perf_counter(), 0
         if state.step % t.checkpoint_interval == 0 or state.step == max_steps:
-            save_checkpoint(s, run, state, loss_acc)
+            save_checkpoint(s, run, state, loss_acc, keep=True)
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved")
@@ -516,6 +526,7 @@ def log(
         if state.best_val_loss is None or val["loss"] < state.best_val_loss:
             state.best_val_loss, state.best_val_step = val["loss"], row.step
     run.log(row)
+    state.logged_step = row.step
     progress.log(row)
 
 
@@ -541,10 +552,13 @@ def snapshot_due(c: Config, step: int) -> bool:
     return last < most or c.evals_by(step) in {round(i * last / (most - 1)) for i in range(most)}
 
 
-def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc: torch.Tensor) -> None:
+def save_checkpoint(
+    s: Setup, run: RunWriter | None, state: TrainState, loss_acc: torch.Tensor, keep: bool = False
+) -> None:
     """last.pt: weights, optimizer, every RNG and the loop's state. Never one from after a NaN loss.
 
-    Under DDP rank 0 writes it, with each other rank's RNG streams and train loss in `rank_rng`."""
+    Under DDP rank 0 writes it, with each other rank's RNG streams and train loss in `rank_rng`.
+    keep: one of the checkpoint_interval's, which train.keep_checkpoints keeps as step_N.pt too."""
     state.loss_sum = loss_acc.item()
     if distributed.any_rank(not math.isfinite(state.loss_sum)):
         mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
@@ -563,6 +577,8 @@ def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc
     if s.scaler:
         ckpt["scaler"] = s.scaler.state_dict()
     run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
+    if keep:
+        run.keep_checkpoint(state.step, s.config.train.keep_checkpoints)
 
 
 def finish(run: RunWriter, summary: Summary, state: TrainState, status: str, **fields) -> Summary:
