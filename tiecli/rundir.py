@@ -89,6 +89,7 @@ class Summary:
     final_val: dict | None = None
     world_size: int = 1  # processes training together (DDP under torchrun)
     batch: dict | None = None  # the global batch: global = micro_batch x grad_accum x world_size sequences, and tokens
+    peak_memory: dict | None = None  # rank 0's peak memory this session: {"bytes": N, "of": what was measured}
     format: int = FORMAT
 
 

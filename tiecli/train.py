@@ -8,7 +8,9 @@ the data sampler, so on CPU the resumed run reproduces the uninterrupted one exa
 
 import math
 import platform
+import resource
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -328,12 +330,14 @@ def train(
                     finals = final_evals(s, state, stop)
                 for result in finals:
                     run.eval(result)
-                return finish(run, summary, state, "completed", final_val=finals[0].brief())
+                peak = peak_memory(s.device)
+                return finish(run, summary, state, "completed", final_val=finals[0].brief(), peak_memory=peak)
             except Interrupted as e:
-                finish(run, summary, state, "interrupted", error=str(e))
+                finish(run, summary, state, "interrupted", error=str(e), peak_memory=peak_memory(s.device))
                 raise
             except BaseException as e:
-                finish(run, summary, state, "failed", error=f"{type(e).__name__}: {e}".strip())
+                error = f"{type(e).__name__}: {e}".strip()
+                finish(run, summary, state, "failed", error=error, peak_memory=peak_memory(s.device))
                 raise
 
 
@@ -370,12 +374,15 @@ def fit(
         state.step += 1
         state.tokens += c.tokens_per_step
         state.loss_n += 1
+        at_eval = c.is_eval_step(state.step)
+        log_now = state.step % t.log_interval == 0 or at_eval or bool(diag)
+        if log_now:  # the host runs ahead of a GPU: wait for it, so the times measure its work, not the queue
+            synchronize(s.device)
         state.train_time += time.perf_counter() - step_start
         interval_tokens += c.tokens_per_step
         progress.advance(state.step)
 
-        at_eval = c.is_eval_step(state.step)
-        if state.step % t.log_interval == 0 or at_eval or diag:
+        if log_now:
             tps = interval_tokens / (time.perf_counter() - interval_start)
             loss = mean_loss(distributed.mean_(loss_acc), state, run)
             if run:  # rank 0 evaluates and writes; the others wait for it in the next step
@@ -391,6 +398,24 @@ def fit(
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved, continue with --resume")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has done the work queued so far (only log steps call it: it stalls the queue)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """summary.json's peak_memory: the most the device held during this session of the run.
+
+    CUDA: torch.cuda.max_memory_allocated (tensors; the caching allocator reserves somewhat more);
+    elsewhere the process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS), which
+    counts the model, the data pages read and Python itself."""
+    if device.type == "cuda":
+        return {"bytes": torch.cuda.max_memory_allocated(device), "of": "cuda max_memory_allocated"}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"bytes": rss if sys.platform == "darwin" else rss * 1024, "of": "process peak RSS"}
 
 
 def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int) -> dict:
