@@ -24,6 +24,7 @@ EXTENDABLE = (
     "train.eval_batches",
     "train.log_interval",
     "train.checkpoint_interval",
+    "train.checkpoints",
     "eval.test",
 )
 EXTENDABLE_PREFIXES = ("diag.",)

@@ -24,7 +24,7 @@ from rich.console import Console
 import tiecli
 from tiecli import baselines, checkpoint, diagnostics, distributed, rundir
 from tiecli.config import Config, TrainConfig
-from tiecli.data import Corpus, get_batch, load_corpus
+from tiecli.data import Corpus, StepBatches, get_batch, load_corpus
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, whole_split_limit
@@ -74,6 +74,7 @@ class Setup:
     pairs_info: dict
     compiled: bool  # whether `forward` is torch.compile'd (compile: auto resolved)
     forward: Callable  # model(x, y) -> loss for the training step: the model itself, or its compiled graph
+    batches: StepBatches  # this rank's micro-batches, drawn from `sampler`
 
 
 def make_optimizer(model: GPT, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -142,6 +143,12 @@ def prepare(config: Config) -> Setup:
     # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
     forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
     pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if config.diag.geometry else ([], {})
+    t, world, sampler = config.train, distributed.world_size(), torch.Generator().manual_seed(config.seed)
+    micro, _ = distributed.rank_shape(t, world)
+    batches = StepBatches(
+        corpus.tokens["train"], t.batch_size, t.grad_accum, config.model.block_size, micro, distributed.rank(), world,
+        sampler, device, draw=lambda *args: get_batch(*args),
+    )  # fmt: skip
     return Setup(
         config,
         device,
@@ -151,11 +158,12 @@ def prepare(config: Config) -> Setup:
         corpus.buckets(config.eval.buckets),
         model,
         make_optimizer(model, config.train, device),
-        torch.Generator().manual_seed(config.seed),
+        sampler,
         pairs,
         pairs_info,
         compiled,
         forward,
+        batches,
     )
 
 
@@ -317,6 +325,9 @@ def train(
             if resumed:
                 console.print(f"resuming {run_dir.name} from step {state.step}", highlight=False)
             console.print(distributed.batch_line(config.train, config.model.block_size), highlight=False)
+            warning = small_batch_warning(s.device, config.train, config.model.block_size)
+            if warning:
+                console.print(warning, style="yellow", highlight=False)
             summary = run.reader.summary()
             summary.status, summary.error, summary.started = "running", None, now()
             summary.max_steps = config.max_steps
@@ -372,6 +383,8 @@ def fit(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
+        if state.step < max_steps:
+            s.batches.prefetch()  # the host reads the next step's windows while the device runs this one
         state.tokens += c.tokens_per_step
         state.loss_n += 1
         at_eval = c.is_eval_step(state.step)
@@ -393,11 +406,25 @@ def fit(
             loss_acc.zero_()
             state.loss_n = 0
             interval_start, interval_tokens = time.perf_counter(), 0
-        if state.step % t.checkpoint_interval == 0 or state.step == max_steps:
+        if c.is_checkpoint_step(state.step):
             save_checkpoint(s, run, state, loss_acc)
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved, continue with --resume")
+
+
+MIN_GPU_BATCH_TOKENS = 16384  # below this a rank's micro-batch leaves a GPU waiting on the host's kernel launches
+
+
+def small_batch_warning(device: torch.device, t: TrainConfig, block_size: int) -> str | None:
+    """One line when a rank's micro-batch on CUDA is under MIN_GPU_BATCH_TOKENS tokens, else None."""
+    micro, _ = distributed.rank_shape(t, distributed.world_size())
+    if device.type != "cuda" or micro * block_size >= MIN_GPU_BATCH_TOKENS:
+        return None
+    return (
+        f"warning: a micro-batch of {micro} x {block_size} = {micro * block_size:,} tokens a rank keeps a GPU "
+        f"waiting (under {MIN_GPU_BATCH_TOKENS:,}); raise train.batch_size (hardware=gpu: 16 x 1024)"
+    )
 
 
 def synchronize(device: torch.device) -> None:
@@ -429,13 +456,9 @@ def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, st
 
 def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
     """Forward and backward over grad_accum micro-batches; returns which tokens were inputs (for diagnostics)."""
-    t = s.config.train
     present = torch.zeros(s.config.model.vocab_size, dtype=torch.bool, device=s.device) if diag_now else None
-    tokens, block_size = s.corpus.tokens["train"], s.config.model.block_size
-    draws = [get_batch(tokens, t.batch_size, block_size, s.sampler) for _ in range(t.grad_accum)]  # one process's
-    batches = distributed.rank_batches(draws, t)  # this rank's share of them
+    batches = s.batches.next()  # this rank's share of one process's draws, on the device
     for i, (x, y) in enumerate(batches):
-        x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
         distributed.sync_grads(s.forward, now=i == len(batches) - 1)
         if present is not None:
             present[x.flatten()] = True
@@ -534,7 +557,7 @@ def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc
     state.loss_sum = loss_acc.item()
     if distributed.any_rank(not math.isfinite(state.loss_sum)):
         mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
-    rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state()}
+    rng = {"torch": torch.get_rng_state(), "sampler": s.batches.state()}  # from before a prefetched draw
     if s.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state()
     ranks = distributed.gather({**rng, "loss_sum": state.loss_sum})
