@@ -90,3 +90,19 @@ def test_a_small_micro_batch_on_cuda_gets_a_warning():
     assert train.small_batch_warning(torch.device("cpu"), t, 32) is None
     gpu = config.to_config(config.compose(["hardware=gpu"])[0])
     assert train.small_batch_warning(torch.device("cuda"), gpu.train, gpu.model.block_size) is None
+
+
+def test_the_final_evaluation_is_bounded_and_its_time_told_before_training(tmp_path, capsys):
+    """eval.max_tokens=640 keeps 20 windows of 32 tokens a split, with the standard error in eval.json;
+    the expected time of the final evaluation is printed before the first step."""
+    tiny_run(tmp_path, "eval.max_tokens=640")
+    err = " ".join(capsys.readouterr().err.split())
+    line = "final evaluation: val, train, test, 1,920 tokens, at most 640 a split (eval.max_tokens); about"
+    assert line in err and err.index(line) < err.index("step 3/12")
+    for e in rundir.RunReader(tmp_path / "run").evals().values():
+        assert e.n_tokens == 640 and e.subset["windows"] == 20 and e.subset["loss_se"] > 0
+
+
+def test_eval_max_tokens_below_a_window_is_one_line():
+    with pytest.raises(ConfigError, match=r"^eval.max_tokens=16 must be at least model.block_size=32"):
+        config.to_config(config.compose([*TINY, "eval.max_tokens=16"])[0])

@@ -54,7 +54,7 @@ ALTERNATIVES = {
 }
 # Keys added after runs were written, with the value that keeps those runs' behaviour (see upgraded);
 # conf/'s own defaults for them differ.
-ADDED = {"train.checkpoints": None}
+ADDED = {"train.checkpoints": None, "eval.max_tokens": None}
 
 
 def hardware_for(device: str) -> str:
@@ -135,6 +135,7 @@ class TokenizerConfig:
 class EvalConfig:
     buckets: list[float]
     test: bool
+    max_tokens: int | None
 
 
 @dataclass
@@ -587,6 +588,10 @@ def _validate(c: Config) -> None:
         c.diag.max_snapshots >= 2,
         f"diag.max_snapshots={c.diag.max_snapshots} must be at least 2 (step 0 and the last are "
         "always kept; diag.snapshots=false keeps none)",
+    )
+    need(
+        c.eval.max_tokens is None or c.eval.max_tokens >= c.model.block_size,
+        f"eval.max_tokens={c.eval.max_tokens} must be at least model.block_size={c.model.block_size} (or null: whole splits)",
     )
     b = c.eval.buckets
     need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")

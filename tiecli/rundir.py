@@ -126,6 +126,7 @@ class EvalResult:
     n_tokens: int
     n_bytes: int
     by_bucket: dict[str, dict]
+    subset: dict | None = None  # past eval.max_tokens: {"windows", "of", "seed", "loss_se"}; None: the whole split
 
     def brief(self) -> dict:
         return {

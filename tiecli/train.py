@@ -27,7 +27,7 @@ from tiecli.config import Config, TrainConfig
 from tiecli.data import Corpus, StepBatches, get_batch, load_corpus
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
-from tiecli.evaluate import evaluate, whole_split_limit
+from tiecli.evaluate import evaluate, expected_line, final_windows
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
 from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype
@@ -320,6 +320,7 @@ def train(
         if run is None:  # a rank other than 0: trains in step with rank 0 and writes nothing
             with TrainProgress(console, run_dir.name, config.max_steps, state.step, config.train.log_interval) as p:
                 fit(s, None, state, p, stop, fresh=not resumed)
+            final_evals(s, state, stop)  # its share of the windows: rank 0 gets the reduced numbers
             return None
         with run:
             if resumed:
@@ -337,7 +338,6 @@ def train(
                     console, run_dir.name, config.max_steps, state.step, config.train.log_interval
                 ) as progress:
                     fit(s, run, state, progress, stop, fresh=not resumed)
-                    stop.check()
                     finals = final_evals(s, state, stop)
                 for result in finals:
                     run.eval(result)
@@ -364,7 +364,12 @@ def fit(
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
     if fresh and run:  # a checkpoint at step 0 (stopped before the first step) already has these
+        start = time.perf_counter()
         log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
+        pace = 2 * t.eval_batches * t.batch_size * c.model.block_size / (time.perf_counter() - start)
+        splits = ["val", "train", *(["test"] if c.eval.test else [])]
+        world = distributed.world_size()  # the final evaluation is sharded across the ranks
+        progress.plain(expected_line(s.corpus, splits, c.model.block_size, c.eval.max_tokens, pace * world))
         record_geometry(s, run, emb0, 0)
     interval_start, interval_tokens = time.perf_counter(), 0
     tick = interval_start
@@ -492,10 +497,17 @@ def subset_evals(s: Setup) -> dict[str, dict]:
 
 
 def final_evals(s: Setup, state: TrainState, stop: StopFlag) -> list[EvalResult]:
-    """The whole validation split, the training split (whole, or a fixed subset: whole_split_limit) and,
-    with eval.test, the whole test split."""
+    """The validation split, the training split and, with eval.test, the test split: each whole, or a
+    fixed subset past eval.max_tokens (final_windows). Every rank evaluates its share (shard)."""
     splits = ["val", "train", *(["test"] if s.config.eval.test else [])]
     block_size = s.config.model.block_size
+
+    def check() -> None:  # a stop asked of any rank stops all: no rank is left waiting in a reduction
+        if distributed.any_rank(stop.requested):
+            stop.requested = True
+            stop.check()
+
+    check()
     return [
         EvalResult(
             step=state.step,
@@ -506,8 +518,9 @@ def final_evals(s: Setup, state: TrainState, stop: StopFlag) -> list[EvalResult]
                 s.buckets,
                 s.device,
                 s.autocast,
-                limit=whole_split_limit(s.corpus, split, block_size),
-                check=stop.check,
+                windows=final_windows(s.corpus, split, block_size, s.config.eval.max_tokens),
+                check=check,
+                shard=True,
             ),
         )
         for split in splits
