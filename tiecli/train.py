@@ -498,33 +498,31 @@ def subset_evals(s: Setup) -> dict[str, dict]:
 
 def final_evals(s: Setup, state: TrainState, stop: StopFlag) -> list[EvalResult]:
     """The validation split, the training split and, with eval.test, the test split: each whole, or a
-    fixed subset past eval.max_tokens (final_windows). Every rank evaluates its share (shard)."""
-    splits = ["val", "train", *(["test"] if s.config.eval.test else [])]
-    block_size = s.config.model.block_size
+    fixed subset past eval.max_tokens (final_windows). Every rank evaluates its share (shard).
 
-    def check() -> None:  # a stop asked of any rank stops all: no rank is left waiting in a reduction
+    One process stops between batches on Ctrl-C; ranks, whose shares differ by a batch, agree on a
+    stop before each split (a rank that left alone would leave the others waiting in the reduction)."""
+    block_size, alone = s.config.model.block_size, distributed.world_size() == 1
+    results = []
+    for split in ["val", "train", *(["test"] if s.config.eval.test else [])]:
         if distributed.any_rank(stop.requested):
             stop.requested = True
             stop.check()
-
-    check()
-    return [
-        EvalResult(
-            step=state.step,
-            **evaluate(
-                s.model,
-                s.corpus,
-                split,
-                s.buckets,
-                s.device,
-                s.autocast,
-                windows=final_windows(s.corpus, split, block_size, s.config.eval.max_tokens),
-                check=check,
-                shard=True,
-            ),
+        windows = final_windows(s.corpus, split, block_size, s.config.eval.max_tokens)
+        result = evaluate(
+            s.model,
+            s.corpus,
+            split,
+            s.buckets,
+            s.device,
+            s.autocast,
+            None,
+            stop.check if alone else None,
+            windows,
+            True,
         )
-        for split in splits
-    ]
+        results.append(EvalResult(step=state.step, **result))
+    return results
 
 
 def log(
