@@ -17,6 +17,7 @@ IGNORED_KEYS = (
     "train.eval_interval",
     "train.eval_batches",
     "train.checkpoint_interval",
+    "train.checkpoints",
     "eval.buckets",
     "eval.test",
     "train.sample_tokens",  # a text sample printed after training
