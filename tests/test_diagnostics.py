@@ -1,6 +1,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import TINY
@@ -256,3 +257,150 @@ def test_geometry_command(isolated):
     (run_dir / rundir.CHECKPOINT).unlink()
     result = runner.invoke(app, ["geometry", str(run_dir)])
     assert result.exit_code == 1 and "no checkpoint at" in result.output and "Traceback" not in result.output
+
+
+# --- R4 at the pairs: each path's gradient difference along the pair's difference ---------------------------
+
+
+def pair_case(n_pairs=30, vocab=4000, width=16, seed=0):
+    """A matrix w, related pairs (2k, 2k + 1) and, per pair, its unit difference (w[a] - w[b]) / |w[a] - w[b]|."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(vocab, width, generator=g)
+    forms = torch.tensor([(2 * k, 2 * k + 1) for k in range(n_pairs)])
+    index = diagnostics.PairIndex(forms, diagnostics.pair_index(forms.tolist(), np.ones(vocab), seed).null)
+    return w, index, g
+
+
+def along_pairs(w, forms, sign, noise, g):
+    """Noise in every row, plus sign * the pair's difference added to a's row and taken from b's: then
+    g[a] - g[b] = 2 sign (w[a] - w[b]) + noise, so under SGD (-lr g) sign > 0 pulls each pair together."""
+    grad = noise * torch.randn(w.shape, generator=g)
+    diff = w[forms[:, 0]] - w[forms[:, 1]]
+    grad[forms[:, 0]] += sign * diff
+    grad[forms[:, 1]] -= sign * diff
+    return grad
+
+
+def test_pair_null_is_frequency_matched_and_seeded():
+    counts = np.r_[np.full(100, 1000), np.ones(300)]  # tokens 0..99 frequent, the rest seen once
+    pairs = [(0, 1), (2, 3), (200, 201)]  # two frequent pairs, one rare
+    index = diagnostics.pair_index(pairs, counts, seed=3)
+    assert index.forms.tolist() == [[0, 1], [2, 3], [200, 201]]
+    assert len(index.null) == 3 * math.ceil(diagnostics.N_NULL_PAIRS / 3)
+    null = index.null.numpy()
+    frequent = null < 100
+    # matched_random_pairs repeats each related pair's deciles: 2/3 of the null pairs are frequent-frequent
+    assert frequent.all(1).mean() == pytest.approx(2 / 3) and (~frequent).all(1).mean() == pytest.approx(1 / 3)
+    assert (null[:, 0] != null[:, 1]).all()
+    assert torch.equal(diagnostics.pair_index(pairs, counts, seed=3).null, index.null)
+    assert not torch.equal(diagnostics.pair_index(pairs, counts, seed=4).null, index.null)
+    missing = diagnostics.pair_index([(0, 1), (20, 2), (3, 3)], np.r_[np.ones(10), np.zeros(490)], seed=0)
+    assert missing.forms.tolist() == [[0, 1]]  # token 20 never occurs in the training split; a self-pair
+
+
+def test_pair_gradients_see_the_claimed_opposition():
+    """Input path pulls each related pair together, output path pushes it apart: every related pair is
+    in the claimed opposition, the matched random pairs (noise alone) about a quarter."""
+    w, index, g = pair_case()
+    forms = index.forms
+    g_in, g_out = along_pairs(w, forms, +1, 0.3, g), along_pairs(w, forms, -1, 0.3, g)
+    stats = diagnostics.pair_gradients(g_in, g_out, w, w, index)
+    assert stats["pair_n"] == 30 and stats["pair_null_n"] == len(index.null)
+    assert stats["pair_pull_in"] == 1 and stats["pair_push_out"] == 1
+    assert stats["pair_claimed"] == 1 and stats["pair_opposed"] == 1
+    assert stats["pair_cos_in"] > 0.9 and stats["pair_cos_out"] < -0.9
+    # without noise s_in is exactly 2 |w[a] - w[b]|
+    exact = diagnostics.pair_gradients(along_pairs(w, forms, +1, 0, g), along_pairs(w, forms, -1, 0, g), w, w, index)
+    distance = (w[forms[:, 0]] - w[forms[:, 1]]).norm(dim=1)
+    assert exact["pair_s_in"] == pytest.approx(2 * distance.mean().item(), rel=1e-5)
+    assert exact["pair_s_out"] == pytest.approx(-2 * distance.mean().item(), rel=1e-5)
+    assert exact["pair_cos_in"] == pytest.approx(1, abs=1e-5)
+    # the null: random signs, each path half pull half push, a quarter in the claimed opposition
+    assert stats["pair_pull_in_null"] == pytest.approx(0.5, abs=0.05)
+    assert stats["pair_push_out_null"] == pytest.approx(0.5, abs=0.05)
+    assert stats["pair_claimed_null"] == pytest.approx(0.25, abs=0.05)
+    assert stats["pair_opposed_null"] == pytest.approx(0.5, abs=0.05)
+    assert abs(stats["pair_cos_in_null"]) < 0.05
+    q = stats["pair_claimed_null"]
+    assert stats["pair_claimed_null_sd"] == pytest.approx(math.sqrt(q * (1 - q) * (1 / 30 + 1 / len(index.null))))
+
+
+@pytest.mark.parametrize("relation", ["aligned", "random"])
+def test_pair_gradients_without_the_opposition(relation):
+    w, index, g = pair_case(n_pairs=100)
+    if relation == "aligned":  # both paths pull the pairs together: no pair in opposition
+        g_in = g_out = along_pairs(w, index.forms, +1, 0.3, g)
+        expected_claimed, expected_opposed = 0.0, 0.0
+    else:  # unrelated noise: the related pairs look like the random ones
+        g_in, g_out = torch.randn(w.shape, generator=g), torch.randn(w.shape, generator=g)
+        expected_claimed, expected_opposed = 0.25, 0.5
+    stats = diagnostics.pair_gradients(g_in, g_out, w, w, index)
+    assert stats["pair_claimed"] == pytest.approx(expected_claimed, abs=0.12)
+    assert stats["pair_opposed"] == pytest.approx(expected_opposed, abs=0.12)
+    # the same paths everywhere: the null pairs never oppose either; unrelated paths oppose half the time
+    assert stats["pair_claimed_null"] == pytest.approx(expected_claimed, abs=0.05)
+    assert stats["pair_claimed"] - stats["pair_claimed_null"] == pytest.approx(0, abs=0.12)
+    if relation == "aligned":
+        assert stats["pair_pull_in"] == 1 and stats["pair_pull_out"] == 1
+
+
+def test_untied_pair_gradients_use_each_paths_own_matrix():
+    """The input path pulls pairs together in W_in's space, the output path pushes them apart in W_out's:
+    measured each on its own matrix, every pair is in the opposition; the output gradient measured on the
+    (unrelated) W_in would show no push."""
+    w_in, index, g = pair_case()
+    w_out = torch.randn(w_in.shape, generator=g)
+    g_in, g_out = along_pairs(w_in, index.forms, +1, 0.1, g), along_pairs(w_out, index.forms, -1, 0.1, g)
+    stats = diagnostics.pair_gradients(g_in, g_out, w_in, w_out, index)
+    assert stats["pair_claimed"] == 1 and stats["pair_push_out"] == 1
+    wrong = diagnostics.pair_gradients(g_in, g_out, w_in, w_in, index)
+    assert wrong["pair_push_out"] < 0.8 and wrong["pair_claimed"] < 0.8
+
+
+def test_pair_gradients_absent_inputs_and_no_pairs():
+    """A pair whose tokens are absent from the inputs has no input-path gradient: s_in = 0, neither pull nor push."""
+    w, index, g = pair_case()
+    g_in = torch.zeros_like(w)
+    stats = diagnostics.pair_gradients(g_in, along_pairs(w, index.forms, -1, 0.1, g), w, w, index)
+    assert stats["pair_pull_in"] == 0 and stats["pair_push_in"] == 0 and stats["pair_s_in"] == 0
+    assert stats["pair_claimed"] == 0 and stats["pair_opposed"] == 0 and stats["pair_push_out"] == 1
+    empty = diagnostics.pair_index([], np.ones(10), seed=0)
+    none = diagnostics.pair_gradients(g_in, g_in, w, w, empty)
+    assert none["pair_n"] == 0 and none["pair_claimed"] is None and none["pair_claimed_null_sd"] is None
+
+
+@pytest.mark.parametrize("mode", [*SHARED_MODES, "untied"])
+def test_pair_gradients_of_every_mode(mode):
+    """On a real backward pass: the matrices path_matrices pairs with each path (the shared columns in
+    partial mode); related pairs drawn among present tokens, so both paths carry gradient."""
+    emb = backward(mode).emb
+    w_in, w_out = diagnostics.path_matrices(emb)
+    g_in, g_out = diagnostics.gradient_paths(emb)
+    assert w_in.shape == g_in.shape and w_out.shape == g_out.shape
+    assert (w_in is w_out) == emb.shared
+    counts = np.r_[np.ones(32), np.zeros(32)]
+    index = diagnostics.pair_index([(i, i + 1) for i in range(0, 30, 2)], counts, seed=0)
+    stats = diagnostics.pair_gradients(g_in, g_out, w_in, w_out, index)
+    assert stats["pair_n"] == 15 and all(stats[k] is not None for k in diagnostics.PAIR_KEYS)
+    for path, g, w in (("in", g_in, w_in), ("out", g_out, w_out)):  # one pair at a time, as the formula reads
+        s = [torch.dot(g[a] - g[b], w[a] - w[b]).item() / (w[a] - w[b]).norm().item() for a, b in index.forms]
+        assert stats[f"pair_s_{path}"] == pytest.approx(np.mean(s), rel=1e-4, abs=1e-9)
+        assert stats[f"pair_pull_{path}"] == pytest.approx(np.mean(np.array(s) > 0))
+    assert stats["pair_pull_out"] + stats["pair_push_out"] == pytest.approx(1)  # every row has an output gradient
+
+
+@pytest.mark.parametrize("mode", ["tied", "untied"])
+def test_training_records_the_pair_gradients(tmp_path, mode):
+    # byte tokens: single letters are single tokens, so these are pairs of the vocabulary
+    (tmp_path / "pairs.tsv").write_text("a\te\ni\to\nt\th\ns\tn\n")
+    rows = run(tmp_path, "r", f"tying={mode}", "diag.every=3", f"diag.pairs={tmp_path / 'pairs.tsv'}")
+    diag_rows = [r for r in rows if "grad_cos" in r]
+    assert [r["step"] for r in diag_rows] == [3, 6, 9, 12]
+    for r in diag_rows:
+        assert r["pair_n"] == 4 and r["pair_null_n"] == 4 * math.ceil(diagnostics.N_NULL_PAIRS / 4)
+        assert all(isinstance(r[k + s], float) for k in diagnostics.PAIR_KEYS for s in ("", "_null"))
+        assert 0 <= r["pair_claimed"] <= 1 and r["pair_claimed_null_sd"] > 0
+    if mode == "tied":  # the null's draw touches no RNG of training: the same weights with the statistics off
+        run(tmp_path, "off", "tying=tied", "diag.every=0", f"diag.pairs={tmp_path / 'pairs.tsv'}")
+        a, b = (torch.load(tmp_path / n / rundir.CHECKPOINT, weights_only=True)["model"] for n in ("r", "off"))
+        assert all(torch.equal(a[k], b[k]) for k in a)

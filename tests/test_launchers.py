@@ -224,3 +224,79 @@ def test_the_job_command_resumes_a_started_run_and_uses_torchrun_for_several_gpu
         (isolated / "run" / file).write_text("seed: 1\n")
     spec.nproc, spec.config_dir = 2, "/my/conf"
     assert launchers.train_command(spec)[8:] == ["--nproc", "2", "--resume", "--config-dir", "/my/conf", "--", "seed=1"]
+
+
+def test_a_job_across_nodes_gets_nodes_srun_cpus_and_one_rendezvous(isolated, monkeypatch):
+    """launcher.slurm.nodes=2: #SBATCH --nodes=2 with one task a node, srun told --cpus-per-task again (it
+    does not inherit it on Slurm 22.05-23.02), and each node's torchrun meeting at the allocation's first host."""
+    args = ["sweep", *TINY, "seed=0,1", "--launcher", "submitit_slurm", "launcher.slurm.nodes=2", "--gpus-per-job", "4"]
+    result = tiecli(*args, "--name", "multi", "--dry-run", "--no-estimate")
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.output.splitlines()]
+    for expected in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4"):
+        assert expected in lines, (expected, lines)
+    srun = next(line for line in lines if line.startswith("srun "))
+    assert " --cpus-per-task=8" in srun and " --unbuffered " in srun
+    assert not Path("runs").exists()
+
+    # on the nodes: `scontrol show hostnames` names the allocation's hosts, the first holds the rendezvous
+    bin_dir = isolated / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {isolated}/asked\necho gpu-a17\necho gpu-a18\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env = {"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_JOB_ID": "81234"}
+    rendezvous = launchers.slurm_rendezvous(env)
+    assert (isolated / "asked").read_text().split() == ["show", "hostnames", "gpu-a[17-18]"]
+    assert rendezvous == launchers.Rendezvous(2, "gpu-a17:30734", "81234")  # 29500 + 81234 % 10000
+    assert launchers.slurm_rendezvous({"SLURM_NNODES": "1"}) is None
+    assert launchers.slurm_rendezvous({}) is None
+
+    spec = launchers.JobSpec(
+        name="run", overrides=["seed=1"], sweep_dir=str(isolated), log="logs/run.log", config_dir=None,
+        attempt=1, nproc=4, gpus=None, threads=None,
+    )  # fmt: skip
+    assert launchers.train_command(spec, rendezvous) == [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=gpu-a17:30734", "--rdzv-id=81234", "-m", "tiecli", "train",
+        "--runs-dir", str(isolated), "--name", "run", "--", "seed=1",
+    ]  # fmt: skip
+
+
+def test_node_and_task_counts_through_extra_are_refused(isolated):
+    for line in ("--nodes=2", "--ntasks=4", "--ntasks-per-node=2"):
+        one_line_error(
+            tiecli("sweep", *TINY, "--launcher", "submitit_slurm", f"launcher.slurm.extra=['{line}']", "--dry-run"),
+            2,
+            f"launcher.slurm.extra line '{line}' would start independent runs writing one run directory; "
+            "use launcher.slurm.nodes=N",
+        )
+    one_line_error(
+        tiecli("sweep", *TINY, "--launcher", "submitit_slurm", "launcher.slurm.nodes=0", "--dry-run"),
+        2,
+        "launcher.slurm.nodes=0 must be at least 1",
+    )
+    assert not Path("runs").exists()
+
+
+def test_a_slurm_job_sizes_its_threads_from_its_allocation_not_the_node(isolated, monkeypatch):
+    """run_job on a node of 64 cores whose allocation is 8 (sched_getaffinity): 8 threads shared by 2 ranks."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("SLURM_NNODES", raising=False)
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # run_job's handlers stay out of pytest
+    started = []
+
+    class Done:
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(launchers, "start", lambda spec, rendezvous=None: started.append((spec, rendezvous)) or Done())
+    spec = launchers.JobSpec(
+        name="run", overrides=[], sweep_dir=str(isolated), log="logs/run.log", config_dir=None,
+        attempt=1, nproc=2, gpus=None, threads=None,
+    )  # fmt: skip
+    assert launchers.cpu_cores() == 8
+    assert launchers.run_job(spec) == 0
+    assert started[0][0].threads == 4 and started[0][1] is None

@@ -1,8 +1,8 @@
 """The rules that turn measurements into verdicts, each on synthetic run directories (written through
-rundir.RunWriter) whose right answer is known by construction: R4 against the untied cosine, C2/C7 on
-in/out agreement, log-perplexity differences, Holm correction and SESOI verdicts, the per-pair
-convergence target, R5/C6 in two parts, equal parameters and equal compute, the generalisation gap
-and the test split, and --select."""
+rundir.RunWriter) whose right answer is known by construction: R4 against the untied cosine, R4 (pairs)
+against its matched null, C2/C7 on in/out agreement, log-perplexity differences, Holm correction and
+SESOI verdicts, the per-pair convergence target, R5/C6 in two parts, equal parameters and equal
+compute, the generalisation gap and the test split, and --select."""
 
 import math
 import statistics
@@ -136,6 +136,70 @@ def test_r4_judges_the_tied_cosine_against_the_untied_one(tmp_path):
     ] == pytest.approx(5.0)
     assert "NOT the cosine a tied model would see at the same weights" in data["rules"]["claim R4"]
     assert "Gradient paths of the token matrices" in (tmp_path / "out" / "report.md").read_text()
+
+
+# --- R4 (pairs): the article's mechanism, at the related-form pairs ----------------------------------------------
+
+
+def pair_diag(claimed, null, pull_in=0.6, push_out=0.6, cos=-0.5):
+    """One diag step's pair statistics (diagnostics.pair_gradients' keys): shares of related and null pairs."""
+    return {
+        "grad_cos": cos,
+        "pair_claimed": claimed,
+        "pair_claimed_null": null,
+        "pair_pull_in": pull_in,
+        "pair_pull_in_null": 0.5,
+        "pair_push_out": push_out,
+        "pair_push_out_null": 0.5,
+        "pair_claimed_null_sd": 0.015,
+    }
+
+
+def test_r4_pairs_judges_the_opposition_against_the_matched_null(tmp_path):
+    """nano: 10-12 more pairs in 100 in the claimed opposition than matched random pairs (supported), though the
+    global cosine of the same runs reads nothing; micro: the related pairs like the random ones (equivalent, within
+    +-0.02), though the global cosine is strongly negative (the old R4 row says "supported" there)."""
+    excess = {"nano": [0.10, 0.11, 0.12], "micro": [0.001, -0.002, 0.0005]}
+    for size, values in excess.items():
+        for seed, e in enumerate(values):
+            for mode in ("tied", "untied"):
+                cos = -0.3 if size == "micro" and mode == "tied" else 0.0
+                diag = pair_diag(0.25 + e, 0.25, pull_in=0.5 + e, cos=cos + 0.001 * seed)
+                synth(tmp_path / "runs", mode, seed, 3.0 + 0.1 * seed, size=size, diag=diag)
+    data, groups, claims = report(tmp_path / "runs")
+    for size, verdict in (("nano", "supported"), ("micro", "equivalent")):
+        row = claims[("R4 (pairs)", f"{size} tied")]
+        assert (row["interval"]["mean"], row["interval"]["low"], row["interval"]["high"]) == pytest.approx(
+            interval(excess[size])
+        )
+        assert row["p"] == pytest.approx(stats.ttest_1samp(excess[size], 0).pvalue) and row["direction"] == +1
+        assert row["p_equiv"] == pytest.approx(tost(excess[size], 0.02)) and row["sesoi"] == pytest.approx(0.02)
+        assert row["verdict"] == verdict, row
+        assert "null sd 0.015 (one step), SESOI 0.02 = 1.3 null sds" in row["measured"]
+        assert "output push share 0.1 " in row["measured"]
+        # every per-seed number of the row is in results.csv (and results.json's runs)
+        runs = sorted((r for r in data["runs"] if r["group"] == f"{size} tied"), key=lambda r: r["seed"])
+        assert [r["pair_claimed_excess"] for r in runs] == pytest.approx(excess[size])
+        assert [r["pair_claimed"] - r["pair_claimed_null"] for r in runs] == pytest.approx(excess[size])
+    assert claims[("R4", "micro tied")]["verdict"] == "supported"  # the global row alone would have said "cancels"
+    assert claims[("R4", "nano tied")]["verdict"] == "equivalent"
+    assert ("R4 (pairs)", "nano untied") not in claims  # a claim about tied runs
+    csv_text = (tmp_path / "out" / "results.csv").read_text()
+    assert "pair_claimed_excess" in csv_text.splitlines()[0] and "pair_claimed_null_sd" in csv_text.splitlines()[0]
+    assert groups["nano tied"]["pair_claimed_excess_mean"] == pytest.approx(0.11)
+    assert "NOT a test of the article's mechanism" in data["rules"]["claim R4"]
+    assert "SESOI 0.02" in data["rules"]["claim R4 (pairs)"]
+
+
+def test_r4_pairs_without_pair_statistics_has_no_data(tmp_path):
+    """Runs from before the pair statistics (grad_cos alone) still load; the row names what it needs."""
+    for seed in range(2):
+        for mode in ("tied", "untied"):
+            synth(tmp_path / "runs", mode, seed, 3.0, diag={"grad_cos": -0.1 * seed})
+    _, groups, claims = report(tmp_path / "runs")
+    row = claims[("R4 (pairs)", "-")]
+    assert row["verdict"].startswith("no data: needs tied runs with pair gradient statistics"), row
+    assert groups["nano tied"]["pair_claimed_excess_mean"] is None and claims[("R4", "nano tied")]["p"] is not None
 
 
 # --- C2/C7: in/out agreement, not drift ----------------------------------------------------------------------

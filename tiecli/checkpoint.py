@@ -20,6 +20,17 @@ def to_bytes(state: dict) -> bytes:
     return buffer.getvalue()
 
 
+def device_rng(device: torch.device) -> dict:
+    """The CUDA RNG state of the run's device (cuda:1 is not the current device unless set), for a checkpoint's rng."""
+    return {"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {}
+
+
+def restore_device_rng(rng: dict, device: torch.device) -> None:
+    """device_rng's state back onto the run's device."""
+    if device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
 def load(path: Path, run: str, keys: tuple[str, ...] = TRAIN_KEYS) -> dict:
     """A checkpoint of run `run` holding `keys`; TiecliError in one line otherwise."""
     if not path.is_file():

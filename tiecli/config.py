@@ -41,7 +41,7 @@ GROUPS = ("model", "tying", "data", "tokenizer", "logger")
 LIST_GROUPS = ("logger",)  # groups of which one picks several files at once (logger=[tensorboard,wandb]), or none
 WANDB_MODES = ("offline", "online", "disabled")
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "fp32", "bf16")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
 COMPILE = ("auto", "true", "false")
 DATA_SPLITS = ("document", "block")
 SEED_LIMIT = 2**63  # torch.manual_seed takes 64 bits, read as signed or unsigned; [0, 2**63) fits both
@@ -678,6 +678,7 @@ class SlurmLauncher:
     signal_delay_s: int
     extra: list[str]
     setup: list[str]
+    nodes: int  # --nodes: one job across this many nodes, one torchrun each, rendezvous on the first
 
 
 @dataclass
@@ -740,6 +741,13 @@ def _validate_launcher(c: LauncherConfig) -> None:
         )
         bad = next((line for line in s.extra if not re.fullmatch(r"--[A-Za-z][\w-]*(=.+)?", line)), None)
         _need(bad is None, f"launcher.slurm.extra line {bad!r} is not an sbatch option such as --constraint=a100")
+        _need(s.nodes >= 1, f"launcher.slurm.nodes={s.nodes} must be at least 1")
+        counts = next((line for line in s.extra if re.match(r"--(nodes|ntasks|ntasks-per-node)(=|$)", line)), None)
+        _need(
+            counts is None,
+            f"launcher.slurm.extra line {counts!r} would start independent runs writing one run directory; "
+            "use launcher.slurm.nodes=N for a job across N nodes",
+        )
 
 
 NAME_CHARS = "A-Za-z0-9._-"  # shell-safe without quoting, and the same on every file system

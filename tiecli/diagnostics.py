@@ -2,7 +2,7 @@
 """Measurements taken from a model's token matrices while it trains.
 
 Gradient interference (claim R4, "gradient cancellation"): how the input-path and output-path
-gradients of the token matrices interact.
+gradients of the token matrices interact, over the whole matrix and at related-form pairs.
 
 In a shared matrix W the gradient is G = G_in + G_out: G_in arrives through the embedding lookup
 (non-zero only in rows of tokens present in the batch's inputs), G_out through the logits (every
@@ -21,12 +21,42 @@ G_out the output matrix's: what tying would have summed.
                       no row-wise relation), and grad_cos_z = (grad_cos_present - null mean) / null sd
   grad_neg_rows       share of present rows whose own cos(g_in, g_out) is negative
 
+These are global: one cosine over all V x C entries, dominated by frequent rows. The article's
+mechanism lives elsewhere: the output path pushes related forms (walk/walked) apart, the input path
+pulls them together, and on a shared matrix the two cancel along those pairs' directions. So, at
+the pairs (pair_gradients), for each related pair (a, b) of diag.pairs whose tokens occur in the
+training split, and each path:
+
+  s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]|
+
+with w the matrix the path's gradient belongs to (tied: the shared matrix for both paths, its
+shared columns in partial mode; untied: wte for the input path, lm_head for the output path). Under
+SGD the update is -lr g, so s > 0 pulls the pair together and s < 0 pushes it apart (AdamW rescales
+each coordinate, so this reads the gradient's direction, not the exact step). Recorded, for the
+related pairs and, as KEY_null, for frequency-matched random pairs (geometry.matched_random_pairs,
+N_NULL_PAIRS of them, drawn once per run from diag.seed, never from training's RNG):
+
+  pair_s_in/out       mean s: scales with the gradient norm, so it shrinks as training proceeds
+  pair_cos_in/out     mean cos(g[a] - g[b], w[a] - w[b]): the scale-free variant, comparable across steps
+  pair_pull_in/out    share of pairs with s > 0; pair_push_in/out: with s < 0 (a pair neither of whose
+                      tokens is in the step's inputs has no input-path gradient: s = 0, neither)
+  pair_opposed        share with the two paths of opposite signs
+  pair_claimed        share in the article's direction: input pulls (s_in > 0) and output pushes (s_out < 0)
+  pair_n, pair_null_n related and null pairs measured; pair_claimed_null_sd = sqrt(q (1 - q) (1/P + 1/N)),
+                      q = pair_claimed_null: the sd of pair_claimed - pair_claimed_null if the related
+                      pairs behaved like random ones (the report's SESOI is stated against it)
+Every pair_* figure is None when no related pair is in the vocabulary (byte tokens and an English
+pairs file, for one). The report judges the signs' shares, which need no scale; the means are kept
+to show magnitudes.
+
 Geometry (claims R3, C2, C7): tiecli/geometry.py's metrics of the effective input and output
 matrices (what the model actually uses, in partial and hybrid too), with drift measured against
 the matrices at step 0 and related word forms from a pairs file (the shipped English conf/pairs/en.tsv
 by default) or English suffix rules.
 """
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +184,91 @@ def interference(
         mask = present_buckets == i
         stats[f"grad_cos_{name}"] = _cos(rows_in[mask], rows_out[mask]) if mask.any() else None
     return stats
+
+
+# Matched random pairs of the R4 pair null, spread evenly over the related pairs (ceil(N / P) each):
+# with P ~ 600 related pairs the null then adds ~15% to the variance of a share difference.
+N_NULL_PAIRS = 4096
+
+
+@dataclass
+class PairIndex:
+    """Token ids of the R4 pairs, drawn once per run: related forms and their frequency-matched null."""
+
+    forms: torch.Tensor  # (P, 2)
+    null: torch.Tensor  # (N, 2)
+
+
+def pair_index(pairs: list, counts: np.ndarray, seed: int, device: torch.device | str = "cpu") -> PairIndex:
+    """The related pairs whose tokens occur in the training split, and N_NULL_PAIRS frequency-matched
+    random pairs (geometry.related_and_matched_pairs), from a generator seeded with diag.seed."""
+    forms, null = geometry.related_and_matched_pairs(pairs, counts, N_NULL_PAIRS, seed)
+    return PairIndex(*(torch.from_numpy(p).to(device) for p in (forms, null)))
+
+
+def path_matrices(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
+    """The matrices gradient_paths' G_in and G_out belong to: the shared wte twice (its shared columns
+    in partial mode), or wte and lm_head."""
+    return (emb.wte, emb.wte) if emb.shared else (emb.wte, emb.lm_head)
+
+
+def _differences(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w[a] - w[b] (M, C) and its norms (M,)."""
+    w_diff = torch.index_select(w, 0, a) - torch.index_select(w, 0, b)
+    return w_diff, w_diff.norm(dim=1)
+
+
+def _projections(g: torch.Tensor, w_diff: torch.Tensor, w_norm: torch.Tensor, a, b) -> tuple:
+    """s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]| and its cosine, per pair; 0 where either difference is 0."""
+    g_diff = torch.index_select(g, 0, a) - torch.index_select(g, 0, b)  # (M, C)
+    s = torch.where(w_norm > 0, (g_diff * w_diff).sum(1) / w_norm.clamp_min(1e-30), 0.0)  # (M,)
+    g_norm = g_diff.norm(dim=1)
+    return s, torch.where(g_norm > 0, s / g_norm.clamp_min(1e-30), 0.0)
+
+
+def _pair_figures(s_in: torch.Tensor, s_out: torch.Tensor, c_in: torch.Tensor, c_out: torch.Tensor, suffix: str):
+    figures: dict[str, torch.Tensor] = {}
+    for path, s, c in (("in", s_in, c_in), ("out", s_out, c_out)):
+        figures |= {
+            f"pair_s_{path}{suffix}": s.mean(),
+            f"pair_cos_{path}{suffix}": c.mean(),
+            f"pair_pull_{path}{suffix}": (s > 0).float().mean(),
+            f"pair_push_{path}{suffix}": (s < 0).float().mean(),
+        }
+    figures[f"pair_opposed{suffix}"] = (s_in * s_out < 0).float().mean()
+    figures[f"pair_claimed{suffix}"] = ((s_in > 0) & (s_out < 0)).float().mean()
+    return figures
+
+
+PAIR_KEYS = tuple(
+    [f"pair_{k}_{p}" for p in ("in", "out") for k in ("s", "cos", "pull", "push")] + ["pair_opposed", "pair_claimed"]
+)
+
+
+@torch.no_grad()
+def pair_gradients(
+    g_in: torch.Tensor, g_out: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor, index: PairIndex
+) -> dict:
+    """R4 at the pairs: each path's gradient difference projected on the pair's difference, for the
+    related pairs and (KEY_null) their matched random pairs; see the module docstring. Nulls when the
+    run has no related pair in its vocabulary."""
+    n_forms, n_null = len(index.forms), len(index.null)
+    none = {key + suffix: None for key in PAIR_KEYS for suffix in ("", "_null")}
+    if n_forms == 0:
+        return {"pair_n": 0, "pair_null_n": 0, **none, "pair_claimed_null_sd": None}
+    ids = torch.cat([index.forms, index.null])  # (M, 2): one gather per matrix for both sets
+    a, b = ids[:, 0], ids[:, 1]
+    diff_in = _differences(w_in.detach().float(), a, b)
+    diff_out = diff_in if w_out is w_in else _differences(w_out.detach().float(), a, b)  # tied: one matrix
+    s_in, c_in = _projections(g_in.float(), *diff_in, a, b)
+    s_out, c_out = _projections(g_out.float(), *diff_out, a, b)
+    figures = _pair_figures(s_in[:n_forms], s_out[:n_forms], c_in[:n_forms], c_out[:n_forms], "")
+    figures |= _pair_figures(s_in[n_forms:], s_out[n_forms:], c_in[n_forms:], c_out[n_forms:], "_null")
+    stats = dict(zip(figures, torch.stack(list(figures.values())).tolist()))  # one device sync
+    q = stats["pair_claimed_null"]
+    # the sd of pair_claimed - pair_claimed_null if the related pairs were matched random pairs
+    sd = math.sqrt(q * (1 - q) * (1 / n_forms + 1 / n_null))
+    return {"pair_n": n_forms, "pair_null_n": n_null, **stats, "pair_claimed_null_sd": sd}
 
 
 def pairs_file(name: str) -> Path:

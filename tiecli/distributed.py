@@ -16,6 +16,7 @@ Rank 0 alone plans the run, writes the run directory and evaluates; the others t
 """
 
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tiecli import launchers
 from tiecli.config import TrainConfig
 from tiecli.errors import ConfigError, TiecliError
 
@@ -64,8 +66,9 @@ def torchrun(nproc: int, args: list[str]) -> int:
     for name in list(logging.Logger.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    config = LaunchConfig(
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, launchers.cpu_cores() // nproc)))  # the allocation's cores
+    config = launch_config(
+        LaunchConfig,
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -84,6 +87,18 @@ def torchrun(nproc: int, args: list[str]) -> int:
         codes = [f.exitcode for _, f in sorted(e.failures.items())]
         return next((c for c in codes if c > 0), 1)
     return 0
+
+
+def launch_config(cls: type, **wanted: Any) -> Any:
+    """cls(**wanted) with only the fields this torch's LaunchConfig has (cls: that dataclass).
+
+    LaunchConfig gains fields across releases: signals_to_handle (SIGUSR2 passed on to the ranks)
+    came in torch 2.9, shutdown_timeout later; torch 2.4-2.8 would raise a TypeError on them. An
+    older torch's agent then handles its own default signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT)
+    and stops the ranks after its own grace period.
+    """
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{key: value for key, value in wanted.items() if key in known})
 
 
 def world_size() -> int:
@@ -113,7 +128,7 @@ def process_group() -> Iterator[None]:
         yield
         return
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and local_rank() < torch.cuda.device_count():  # more ranks than GPUs: device() refuses
         torch.cuda.set_device(local_rank())
     timeout = datetime.timedelta(seconds=float(os.environ.get("TIECLI_DIST_TIMEOUT", TIMEOUT_S)))
     try:
@@ -190,10 +205,32 @@ def local_first(build: Callable[[], Any]) -> Any:
 
 
 def device(picked: torch.device) -> torch.device:
-    """One CUDA device per local rank: `cuda` becomes cuda:LOCAL_RANK under torchrun."""
-    if dist.is_initialized() and picked.type == "cuda" and picked.index is None:
-        return torch.device("cuda", local_rank())
-    return picked
+    """One CUDA device per local rank: `cuda` becomes cuda:LOCAL_RANK under torchrun.
+
+    ConfigError, before anything touches the GPU, for what would end in "invalid device ordinal" or
+    put every rank on one GPU: cuda:N past the last GPU, cuda:N under torchrun with several ranks,
+    and more ranks on this machine than it has GPUs."""
+    if picked.type != "cuda":
+        return picked
+    gpus = torch.cuda.device_count()
+    if picked.index is not None and picked.index >= gpus:
+        raise ConfigError(
+            f"device={picked} but this machine has {gpus} GPU(s) (cuda:0 to cuda:{gpus - 1}); use device=cuda"
+        )
+    if not dist.is_initialized():
+        return picked
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world_size()))
+    if picked.index is not None and ranks_here > 1:
+        raise ConfigError(
+            f"device={picked} under torchrun would put all {ranks_here} ranks on GPU {picked.index}; "
+            "use device=cuda (each rank takes cuda:LOCAL_RANK), and CUDA_VISIBLE_DEVICES to choose the GPUs"
+        )
+    if ranks_here > gpus:
+        raise ConfigError(
+            f"--nproc {ranks_here} but this machine has {gpus} GPU(s); use at most --nproc {gpus}, "
+            "one rank per GPU (or device=cpu)"
+        )
+    return picked if picked.index is not None else torch.device("cuda", local_rank())
 
 
 def wrap(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:

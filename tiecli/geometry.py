@@ -451,10 +451,17 @@ def _deciles(counts_occ):
 
 
 def _matched_random_cosine(unit, pair_rows, counts_occ, n_random, seed):
-    """Mean cosine of frequency-matched random pairs: for each related pair (i, j), equally many
-    (ceil(n_random / P)) pairs (i', j') with i' drawn uniformly from i's decile of log count and
-    j' from j's, i' != j'. Frequency alone moves cosines (frequent tokens share directions), so
-    this is the baseline a related pair must beat."""
+    """Mean cosine of frequency-matched random pairs (matched_random_pairs). Frequency alone moves
+    cosines (frequent tokens share directions), so this is the baseline a related pair must beat."""
+    i, j = matched_random_pairs(pair_rows, counts_occ, n_random, seed)
+    return _pair_cosine(unit, torch.from_numpy(i), torch.from_numpy(j))
+
+
+def matched_random_pairs(pair_rows, counts_occ, n_random, seed):
+    """Frequency-matched random pairs as two (P * ceil(n_random / P),) arrays of positions among the
+    occurring rows: for each related pair (i, j) of pair_rows (P, 2), equally many (ceil(n_random / P))
+    pairs (i', j') with i' drawn uniformly from i's decile of log count and j' from j's, i' != j'.
+    From a private generator seeded with `seed` (R3's geometry and R4's pair gradients share it)."""
     decile = _deciles(counts_occ)
     order = np.argsort(decile, kind="stable")  # positions grouped by decile
     start = np.searchsorted(decile[order], np.arange(N_DECILES + 1))  # decile d: order[start[d]:start[d + 1]]
@@ -466,8 +473,7 @@ def _matched_random_cosine(unit, pair_rows, counts_occ, n_random, seed):
     r_i = np.minimum((u[0] * size_i).astype(np.int64), size_i - 1)  # rank within the decile
     r_j = np.minimum((u[1] * size_j).astype(np.int64), size_j - 1)
     r_j += same & (r_j >= r_i)  # skip i' itself
-    i, j = order[start[d_i] + r_i], order[start[d_j] + r_j]
-    return _pair_cosine(unit, torch.from_numpy(i), torch.from_numpy(j))
+    return order[start[d_i] + r_i], order[start[d_j] + r_j]
 
 
 def _pair_contrast(rows, pair_rows, counts_occ, n_random, seed):
@@ -500,6 +506,17 @@ def _pair_rows(pairs, idx, vocab_size):
     p = pos[np.asarray(pairs, dtype=np.int64).reshape(-1, 2)]  # (P, 2)
     p = p[(p >= 0).all(1) & (p[:, 0] != p[:, 1])]
     return np.unique(p, axis=0)
+
+
+def related_and_matched_pairs(pairs, counts, n_random=N_PAIRS, seed=0):
+    """Token ids of the related pairs pair_contrast uses, (P, 2), and of their frequency-matched random
+    pairs (matched_random_pairs), (P * ceil(n_random / P), 2): the same pairs for the same seed."""
+    idx = _occurring(counts)
+    pair_rows = _pair_rows(pairs, idx, len(counts))
+    if len(pair_rows) == 0:
+        return np.zeros((0, 2), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
+    i, j = matched_random_pairs(pair_rows, np.asarray(counts)[idx], n_random, seed)
+    return idx[pair_rows], np.stack([idx[i], idx[j]], axis=1)
 
 
 def pair_contrast(W, pairs, counts, n_random=N_PAIRS, seed=0):

@@ -36,6 +36,7 @@ LAUNCHERS = ("basic", "submitit_local", "submitit_slurm")
 CLUSTER_EXTRA = "pip install 'tiecli[cluster]'"
 SUBMITIT_FOLDER = "submitit"  # inside the sweep folder: submitit's pickles and its own logs, per job id
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+RDZV_PORT = 29500  # + the job id modulo 10000: a multi-node job's rendezvous port on its first node
 ACTIVE_SLURM_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING")
 
 
@@ -58,19 +59,64 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def train_command(spec: JobSpec) -> list[str]:
-    """The job's command line, decided when the job starts: a queued job whose run began meanwhile resumes it."""
+@dataclasses.dataclass
+class Rendezvous:
+    """Where the torchruns of a job across several nodes meet: the first node of the allocation."""
+
+    nodes: int
+    endpoint: str  # host:port
+    run_id: str
+
+
+def train_command(spec: JobSpec, rendezvous: Rendezvous | None = None) -> list[str]:
+    """The job's command line, decided when the job starts: a queued job whose run began meanwhile resumes it.
+
+    With a rendezvous (a SLURM job across several nodes) each node runs torchrun itself, its agents
+    meeting at the first node's endpoint, so the nodes train one run; otherwise `tiecli train --nproc`
+    starts a single-node torchrun. The resume decision is taken before the rendezvous, so every node takes
+    the same one: no rank runs before all nodes have joined."""
     sweep_dir = Path(spec.sweep_dir)
-    command = [sys.executable, "-m", "tiecli", "train", "--runs-dir", str(sweep_dir), "--name", spec.name]
-    command += ["--nproc", str(spec.nproc)] if spec.nproc > 1 else []  # torchrun, one rank per GPU
+    if rendezvous is None:
+        command = [sys.executable, "-m", "tiecli", "train"]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={rendezvous.nodes}"]
+        command += [f"--nproc-per-node={spec.nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous.endpoint}"]
+        command += [f"--rdzv-id={rendezvous.run_id}", "-m", "tiecli", "train"]
+    command += ["--runs-dir", str(sweep_dir), "--name", spec.name]
+    command += (
+        ["--nproc", str(spec.nproc)] if spec.nproc > 1 and rendezvous is None else []
+    )  # torchrun, one rank per GPU
     command += ["--resume"] if rundir.is_run_dir(sweep_dir / spec.name) else []
     command += ["--config-dir", spec.config_dir] if spec.config_dir else []
     return command + ["--", *spec.overrides]  # "--": an override can never be read as an option
 
 
-def start(spec: JobSpec) -> subprocess.Popen:
+def slurm_rendezvous(env: dict[str, str]) -> Rendezvous | None:
+    """The rendezvous of a SLURM job across several nodes (SLURM_NNODES > 1); None for one node.
+
+    The endpoint is the allocation's first host (`scontrol show hostnames $SLURM_JOB_NODELIST | head -n1`),
+    at a port drawn from the job id, so that two jobs sharing a node do not meet at the same port."""
+    nodes = int(env.get("SLURM_NNODES") or 1)
+    if nodes <= 1:
+        return None
+    listed = subprocess.run(
+        ["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+    )
+    job_id = env["SLURM_JOB_ID"]
+    return Rendezvous(nodes, f"{listed.stdout.split()[0]}:{RDZV_PORT + int(job_id) % 10000}", job_id)
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on: a SLURM allocation's (--cpus-per-task), not the node's os.cpu_count()."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS has no affinity mask
+        return os.cpu_count() or 1
+
+
+def start(spec: JobSpec, rendezvous: Rendezvous | None = None) -> subprocess.Popen:
     """Start the job's `tiecli train`, its output appended to its log under a header line for this attempt."""
-    command = train_command(spec)
+    command = train_command(spec, rendezvous)
     log_path = Path(spec.sweep_dir) / spec.log
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {"COLUMNS": "200", **os.environ}  # job logs are files: rich would wrap them at 80 columns
@@ -121,8 +167,13 @@ def run_job(spec: JobSpec) -> int:
     These handlers replace submitit's own (which would requeue or kill the job): `tiecli train` saves the
     checkpoint and exits 130, and the next submission resumes it. SIGTERM, not the signal itself: one
     meaning for every stop (a second SIGINT would kill `tiecli train` outright).
+
+    On a SLURM node the job's threads come from its allocation (cpu_cores), shared by its ranks,
+    and a job across several nodes runs torchrun on each, meeting at the first (slurm_rendezvous).
     """
-    proc = start(spec)
+    if spec.threads is None and "OMP_NUM_THREADS" not in os.environ:
+        spec = dataclasses.replace(spec, threads=max(1, cpu_cores() // spec.nproc))
+    proc = start(spec, slurm_rendezvous(dict(os.environ)))
 
     def forward(signum, frame) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -303,7 +354,10 @@ def slurm_parameters(settings: "config.LauncherConfig", sweep_name: str, gpus_pe
         "account": s.account,
         "qos": s.qos,
         "signal_delay_s": s.signal_delay_s,
-        "ntasks_per_node": 1,  # one `tiecli train` (or one torchrun, which starts a process per GPU)
+        "nodes": s.nodes,
+        "ntasks_per_node": 1,  # one `tiecli train` (or one torchrun, which starts a process per GPU) a node
+        # Slurm 22.05-23.02's srun does not inherit sbatch's --cpus-per-task (SRUN_CPUS_PER_TASK): say it again
+        "srun_args": [f"--cpus-per-task={s.cpus_per_task}"] if s.cpus_per_task else None,
         "stderr_to_stdout": True,
         "setup": list(s.setup) or None,
         "additional_parameters": extra or None,
@@ -312,10 +366,10 @@ def slurm_parameters(settings: "config.LauncherConfig", sweep_name: str, gpus_pe
 
 
 def sbatch_lines(params: dict, jobs: int, folder: Path) -> list[str]:
-    """The #SBATCH lines submitit would submit the array of `jobs` jobs with (for --dry-run)."""
+    """The #SBATCH lines submitit would submit the array of `jobs` jobs with, and its srun line (for --dry-run)."""
     submitit = import_submitit("submitit_slurm")
     text = submitit.slurm.slurm._make_sbatch_string(command="", folder=folder, map_count=jobs, **params)
-    return [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    return [line.strip() for line in text.splitlines() if line.startswith(("#SBATCH", "srun"))]
 
 
 def still_active(job_id: str | None, sweep_dir: Path) -> bool:

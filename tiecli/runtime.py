@@ -3,8 +3,9 @@
 
 The `auto` choices follow measurements, listed in README's Performance section and repeatable with
 benchmarks/throughput.py:
-  dtype    bf16 autocast on CUDA (where supported) and on CPUs with native bf16 instructions
-           (AVX512-BF16 or AMX), where bf16 matmuls run at about twice the fp32 rate; fp32 elsewhere.
+  dtype    bf16 autocast on CUDA where the GPU has native bf16 (else fp16 with a gradient scaler, or
+           fp32 before Volta) and on CPUs with native bf16 instructions (AVX512-BF16 or AMX), where
+           bf16 matmuls run at about twice the fp32 rate; fp32 elsewhere.
   compile  on CUDA when the run has at least COMPILE_MIN_STEPS_CUDA steps, on CPU at least
            COMPILE_MIN_STEPS_CPU: the points where the compiled step's saving repays the cold
            compile; never on MPS.
@@ -29,6 +30,8 @@ COMPILE_MIN_STEPS_CPU = 500
 # 115 ms saved, and a cold compile of that model costs about a minute: repaid after ~500 steps.
 # A run of a few hundred steps (seconds to a minute of training) is faster eager.
 COMPILE_MIN_STEPS_CUDA = 500
+FP16_TENSOR_CORES = (7, 0)  # compute capability of the first GPUs with fp16 tensor cores (Volta)
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def pick_device(name: str) -> torch.device:
@@ -50,12 +53,26 @@ def cpu_has_bf16() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def cuda_has_bf16() -> bool:
+    """Whether the current GPU (a rank's own under torchrun) runs bf16 natively: Ampere and later.
+    is_bf16_supported() alone also counts the slow emulation of V100 and T4; torch before 2.5 has no
+    including_emulation, and no emulation either."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:
+        return torch.cuda.is_bf16_supported()
+
+
 def pick_dtype(name: str, device: torch.device) -> str:
-    """auto: bf16 autocast where the hardware has fast bf16 (CUDA, CPUs with bf16 instructions), fp32 elsewhere."""
+    """auto: bf16 autocast where the hardware has fast bf16 (CUDA, CPUs with bf16 instructions); on a GPU
+    without native bf16, fp16 (with a gradient scaler: train.py) where it has fp16 tensor cores (compute
+    capability 7.0: V100, T4), else fp32; fp32 elsewhere. summary.json's dtype says which."""
     if name != "auto":
         return name
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+        if cuda_has_bf16():
+            return "bf16"
+        return "fp16" if torch.cuda.get_device_capability(device) >= FP16_TENSOR_CORES else "fp32"
     return "bf16" if device.type == "cpu" and cpu_has_bf16() else "fp32"
 
 
@@ -81,6 +98,11 @@ def compile_step(model: torch.nn.Module):
 
 
 def autocast_for(device: torch.device, dtype: str):
-    if dtype == "bf16":
-        return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if dtype in AUTOCAST:
+        return lambda: torch.autocast(device_type=device.type, dtype=AUTOCAST[dtype])
     return contextlib.nullcontext
+
+
+def grad_scaler(device: torch.device, dtype: str) -> torch.amp.GradScaler | None:
+    """fp16's loss scaling (its gradients underflow without it); None for bf16 and fp32, which need none."""
+    return torch.amp.GradScaler(device.type) if dtype == "fp16" else None

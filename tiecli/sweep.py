@@ -359,7 +359,7 @@ class Starter:
             self.threads = local.threads_per_job
         elif launch.parallel > 1 and "OMP_NUM_THREADS" not in os.environ:
             # N jobs at once share the CPU: torch's default of one thread per core each would oversubscribe it.
-            self.threads = max(1, (os.cpu_count() or 1) // launch.parallel)
+            self.threads = max(1, launchers.cpu_cores() // launch.parallel)  # the allocation, not the node
 
     def spec(self, job: rundir.SweepJob) -> launchers.JobSpec:
         return launchers.JobSpec(

@@ -30,7 +30,7 @@ from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, expected_line, final_windows
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
-from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype
+from tiecli.runtime import autocast_for, compile_step, grad_scaler, pick_compile, pick_device, pick_dtype
 
 
 class Interrupted(TiecliError):
@@ -75,6 +75,7 @@ class Setup:
     compiled: bool  # whether `forward` is torch.compile'd (compile: auto resolved)
     forward: Callable  # model(x, y) -> loss for the training step: the model itself, or its compiled graph
     batches: StepBatches  # this rank's micro-batches, drawn from `sampler`
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaling; None under bf16 and fp32
 
 
 def make_optimizer(model: GPT, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -142,7 +143,8 @@ def prepare(config: Config) -> Setup:
     # compiles too. The gradient split is part of that graph (model.py: _Fork), so diagnostics
     # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
     forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
-    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if config.diag.geometry else ([], {})
+    wants_pairs = config.diag.geometry or config.diag.every > 0  # R3's geometry and R4's pair gradients
+    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
     t, world, sampler = config.train, distributed.world_size(), torch.Generator().manual_seed(config.seed)
     micro, _ = distributed.rank_shape(t, world)
     batches = StepBatches(
@@ -164,6 +166,7 @@ def prepare(config: Config) -> Setup:
         compiled,
         forward,
         batches,
+        grad_scaler(device, dtype),
     )
 
 
@@ -233,11 +236,12 @@ def restore(s: Setup, ckpt: dict, name: str) -> TrainState:
     try:  # a checkpoint whose optimizer, RNG or loop state is not this run's: one line, not a traceback
         state = TrainState(**ckpt["state"])
         s.optimizer.load_state_dict(ckpt["optimizer"])
+        if s.scaler and "scaler" in ckpt:
+            s.scaler.load_state_dict(ckpt["scaler"])
         rng = distributed.rng_of_rank(ckpt)
         torch.set_rng_state(rng["torch"])
         s.sampler.set_state(rng["sampler"])
-        if s.device.type == "cuda" and "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"])
+        checkpoint.restore_device_rng(rng, s.device)
         state.loss_sum = rng.get("loss_sum", state.loss_sum)  # a rank's own train loss since the last log line
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         reason = (str(e).strip().splitlines() or [""])[0][:160]
@@ -362,6 +366,7 @@ def fit(
     max_steps, model, optimizer = c.max_steps, s.model, s.optimizer
     emb0 = checkpoint.load_embeddings(run.path / rundir.INIT_CHECKPOINT, c.model, run.path.name) if run else None
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
+    pair_index = diagnostics.pair_index(s.pairs, s.corpus.counts, d.seed, s.device) if d.every > 0 else None
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
     if fresh and run:  # a checkpoint at step 0 (stopped before the first step) already has these
         start = time.perf_counter()
@@ -382,10 +387,16 @@ def fit(
             group["lr"] = lr * group["lr_scale"]
         diag_now = d.every > 0 and (state.step + 1) % d.every == 0
         present = micro_steps(s, loss_acc, diag_now)
-        diag = grad_stats(s, present, buckets_t, state.step)
+        diag = grad_stats(s, present, buckets_t, state.step, pair_index)
         model.emb.clear_split_grads()
+        if s.scaler:  # fp16: clip the true gradients; a step whose gradients overflowed is skipped
+            s.scaler.unscale_(optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
-        optimizer.step()
+        if s.scaler:
+            s.scaler.step(optimizer)
+            s.scaler.update()
+        else:
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
         if state.step < max_steps:
@@ -450,13 +461,20 @@ def peak_memory(device: torch.device) -> dict:
     return {"bytes": rss if sys.platform == "darwin" else rss * 1024, "of": "process peak RSS"}
 
 
-def grad_stats(s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int) -> dict:
-    """Gradient interference of the token matrices (present: the input tokens, None off diag steps).
-    Before clipping: the statistics describe the raw gradients that tying would sum."""
+def grad_stats(
+    s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int, pairs: diagnostics.PairIndex | None
+) -> dict:
+    """Gradient interference of the token matrices (present: the input tokens, None off diag steps), and
+    at the related-form pairs. Before clipping: the statistics describe the raw gradients that tying would sum."""
     if present is None:
         return {}
-    g_in, g_out, present = diagnostics.across_ranks(s.model.emb, *diagnostics.gradient_paths(s.model.emb), present)
-    return diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
+    emb = s.model.emb
+    g_in, g_out, present = diagnostics.across_ranks(emb, *diagnostics.gradient_paths(emb), present)
+    if s.scaler:  # fp16: the gradients are still multiplied by the loss scale
+        g_in, g_out = g_in / s.scaler.get_scale(), g_out / s.scaler.get_scale()
+    stats = diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
+    assert pairs is not None  # fit draws them whenever diag.every > 0, which present requires
+    return stats | diagnostics.pair_gradients(g_in, g_out, *diagnostics.path_matrices(emb), pairs)
 
 
 def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
@@ -469,7 +487,7 @@ def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tenso
             present[x.flatten()] = True
         with s.autocast():
             loss = s.forward(x, y) / len(batches)
-        loss.backward()
+        (s.scaler.scale(loss) if s.scaler else loss).backward()
         loss_acc += loss.detach().float()
     return present
 
@@ -568,9 +586,8 @@ def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc
     state.loss_sum = loss_acc.item()
     if distributed.any_rank(not math.isfinite(state.loss_sum)):
         mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
-    rng = {"torch": torch.get_rng_state(), "sampler": s.batches.state()}  # from before a prefetched draw
-    if s.device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state()
+    # the sampler's state from before a prefetched draw, so a resume draws it again
+    rng = {"torch": torch.get_rng_state(), "sampler": s.batches.state(), **checkpoint.device_rng(s.device)}
     ranks = distributed.gather({**rng, "loss_sum": state.loss_sum})
     if run is None or ranks is None:
         return
@@ -582,6 +599,8 @@ def save_checkpoint(s: Setup, run: RunWriter | None, state: TrainState, loss_acc
     }
     if len(ranks) > 1:
         ckpt["rank_rng"] = ranks[1:]
+    if s.scaler:
+        ckpt["scaler"] = s.scaler.state_dict()
     run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
 
 

@@ -23,6 +23,7 @@ from tiecli.report.stats import (
     gap,
     holm,
     mean_ci,
+    pair_excess,
     ppl_change,
     slope,
     t_tests,
@@ -33,6 +34,8 @@ C1_CLAIMED_SHARE = (0.15, 0.30)
 # Smallest effects of interest (--sesoi KEY=VALUE): ppl in % of perplexity (|Δloss| < log(1 + ppl/100)),
 # cos for cosines and their differences (R4 Δcos, R3 contrast), cka for linear CKA (C2/C7).
 SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05}
+# R4 (pairs): the smallest excess share of related pairs in the claimed opposition that matters (see its rule)
+R4_PAIRS_SESOI = 0.02
 UNTIED_INIT = "untied_init"
 LADDER = " -> "  # joins the labels of a ladder of scales, smallest first  # untied, W_out starting as a copy of W_in: its in/out distance is 0 at step 0
 
@@ -50,11 +53,25 @@ CLAIM_RULES = {
     "C1": "parameter share saved by tying = (untied total - tied total) / untied total, from summary.json at equal "
     f"architecture; deterministic (no seeds, no test). Supported inside C1's claimed {C1_CLAIMED_SHARE[0]:.0%}-"
     f"{C1_CLAIMED_SHARE[1]:.0%}, contradicted outside.",
-    "R4": "per seed, Δcos = (tied run's mean over training of cos(G_in, G_out)) - (untied run's, same size and seed); claimed "
-    "below 0, SESOI cos. The untied figure is the cosine between the gradients of two different matrices at different "
+    "R4": "descriptive of the whole matrix, NOT a test of the article's mechanism (that is R4 (pairs)): per seed, Δcos = "
+    "(tied run's mean over training of cos(G_in, G_out), one cosine over all V x C entries, dominated by frequent rows) - "
+    "(untied run's, same size and seed); claimed below 0, SESOI cos. What it can say is whether the two paths are "
+    "anti-aligned globally ('equivalent': no global anti-alignment); it cannot see opposition along the few related-form "
+    "directions. The untied figure is the cosine between the gradients of two different matrices at different "
     "weights, NOT the cosine a tied model would see at the same weights: a reference for two unrelated paths of this "
     "model, not a counterfactual. Also shown, not judged: the tied runs' mean grad_cos_z (grad_cos_present against its "
     "row-permutation null) and grad_norm_lost_pct (% of the summed gradient's norm lost to cancellation, mean over training).",
+    "R4 (pairs)": "the article's mechanism, in tied runs: at each diagnostics step, for each related-form pair (a, b) of diag.pairs "
+    "in the vocabulary, each path's s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]| on the shared matrix (s > 0: an SGD step "
+    "pulls the pair together, s < 0 pushes it apart); claimed share = share of pairs with the input path pulling and the "
+    "output path pushing. Per seed, the effect = the claimed share's mean over training minus that of frequency-matched "
+    f"random pairs (the null, drawn once per run from diag.seed); t-interval over seeds, claimed above 0, SESOI "
+    f"{R4_PAIRS_SESOI:g} (share). The SESOI against the null's spread: the binomial sd of one step's difference under the "
+    "null, sqrt(q (1 - q) (1/P + 1/N)) (q: the null's claimed share, P related and N null pairs), is printed beside it; "
+    "an effect under 2 points of pairs is below what one step resolves at the shipped pairs' P, and equivalence needs the "
+    "whole interval over seeds inside +-2 points, which a real opposition of that size would not give. Shown, not "
+    "judged: the input path's pull share and the output path's push share, each minus the null's (which path carries an "
+    "effect: the claimed share can rise with one path alone).",
     "R3": "untied runs, last geometry entry: related-form contrast of the input matrix minus that of the output matrix "
     "(contrast = pair cosine - the cosine of frequency-matched random pairs); claimed above 0, SESOI cos.",
     "C2/C7": "untied and untied_init runs (tied: one matrix, close by construction): per seed ΔCKA = linear CKA(W_in, W_out) "
@@ -82,7 +99,9 @@ CLAIM_RULES = {
 TEXTS = {
     "R2": "the vocabulary matrix is the largest single tensor, so tying saves a large share of parameters",
     "C1": "tying cuts parameters from 2Vd to Vd, 15-30% of the total",
-    "R4": "with tying the input-path and output-path gradients oppose and partly cancel (more than two unrelated paths)",
+    "R4": "global figure: the two paths' gradients anti-aligned over the whole matrix (more than two unrelated paths)",
+    "R4 (pairs)": "with tying, along related-form differences the output path pushes apart and the input path pulls "
+    "together, more than along matched random pairs",
     "R3": "input embeddings pull related forms together, the output matrix pushes them apart",
     "C2/C7": "tying keeps the input and output spaces close: without the tie they move apart",
     "R6": "untie and the loss converges faster",
@@ -341,7 +360,14 @@ def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
 
 
 def gradient_claims(pairs: list[Comparison], tied_groups: list[Group], tied: str, untied: str, margin) -> list[Claim]:
-    """R4: Δcos = tied - untied mean grad_cos, paired by seed, below zero; the tied z and norm lost shown."""
+    """R4: Δcos = tied - untied mean grad_cos, paired by seed, below zero; the tied z and norm lost shown.
+    Then R4 (pairs): pair_claims."""
+    return global_gradient_claims(pairs, tied_groups, tied, untied, margin) + pair_claims(tied_groups, tied)
+
+
+def global_gradient_claims(
+    pairs: list[Comparison], tied_groups: list[Group], tied: str, untied: str, margin
+) -> list[Claim]:
     if not any(r.diag.get("grad_cos") is not None for g in tied_groups for r in g.runs):
         return [missing("R4", f"{tied} runs with gradient statistics (diag.every > 0)")]
     rows = []
@@ -367,6 +393,38 @@ def gradient_claims(pairs: list[Comparison], tied_groups: list[Group], tied: str
                 )
             )
     return rows or [missing("R4", f"{untied} runs with gradient statistics at the same size as the {tied} ones")]
+
+
+def pair_claims(tied_groups: list[Group], tied: str) -> list[Claim]:
+    """R4 (pairs): per seed, the share of related pairs in the claimed opposition minus the matched null's, above zero."""
+    rows = []
+    for g in tied_groups:
+        values = [pair_excess(r, "claimed") for r in g.runs]
+        if not any(v is not None for v in values):
+            continue
+        paths = {k: mean_ci(pair_excess(r, k) for r in g.runs) for k in ("pull_in", "push_out")}
+        null_sd = mean_ci(r.diag.get("pair_claimed_null_sd") for r in g.runs)
+        in_sds = f" = {R4_PAIRS_SESOI / null_sd.mean:.2g} null sds" if null_sd and null_sd.mean > 0 else ""
+        shown = (
+            f"input pull share {_mean(paths['pull_in'])}, output push share {_mean(paths['push_out'])} beyond the null"
+            f"; null sd {_mean(null_sd)} (one step), SESOI {R4_PAIRS_SESOI:g}{in_sds}"
+        )
+        rows.append(
+            tested(
+                "R4 (pairs)",
+                g.label,
+                "results.csv (pair_* columns)",
+                [v for v in values if v is not None],
+                +1,
+                (R4_PAIRS_SESOI, f"{R4_PAIRS_SESOI:g} share"),
+                lambda ci, s=shown: f"Δclaimed share {ci_text(ci)}; {s}",
+            )
+        )
+    return rows or [
+        missing(
+            "R4 (pairs)", f"{tied} runs with pair gradient statistics (diag.every > 0, related pairs in the vocabulary)"
+        )
+    ]
 
 
 def forms_claims(untied_groups: list[Group], untied: str, margin) -> list[Claim]:

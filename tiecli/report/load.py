@@ -32,6 +32,13 @@ TRAINING_DIAG = (
     "grad_cos_null_mean",
     "grad_cos_null_sd",
     "grad_norm_lost_pct",
+    # R4 at the related-form pairs (tiecli/diagnostics.py pair_gradients); KEY_null: the matched random pairs
+    *(
+        f"pair_{key}{null}"
+        for key in ("claimed", "opposed", "pull_in", "push_in", "pull_out", "push_out", "cos_in", "cos_out")
+        for null in ("", "_null")
+    ),
+    "pair_claimed_null_sd",
 )
 SIDE_DIAG = ("drift", "anisotropy", "effective_rank", "forms_contrast")
 AGREEMENT_DIAG = ("cka", "knn_overlap", "row_cosine", "distance")

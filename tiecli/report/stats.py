@@ -153,6 +153,13 @@ def matched_gap(a: Run, b: Run) -> float | None:
     return None if gap_a is None or gap_b is None else gap_a - gap_b
 
 
+def pair_excess(run: Run, key: str) -> float | None:
+    """R4 at the pairs: a share's mean over training for the related pairs minus that for their matched
+    random pairs (pair_KEY - pair_KEY_null, both from metrics.jsonl); None without pair statistics."""
+    forms, null = run.diag.get(f"pair_{key}"), run.diag.get(f"pair_{key}_null")
+    return None if forms is None or null is None else forms - null
+
+
 def run_values(run: Run) -> dict[str, float | None]:
     """The per-run numbers beyond METRICS and the diagnostics: test split, generalisation gap, FLOPs,
     epochs, and the validation split's count-model perplexities (its corpus's, the same for every run on it)."""
@@ -168,6 +175,7 @@ def run_values(run: Run) -> dict[str, float | None]:
         "epochs": run.epochs,
         "unigram_perplexity": counts.get("unigram", {}).get("perplexity"),
         "bigram_perplexity": counts.get("bigram", {}).get("perplexity"),
+        **{f"pair_{key}_excess": pair_excess(run, key) for key in ("claimed", "pull_in", "push_out")},
     }
 
 
