@@ -527,17 +527,9 @@ def final_evals(s: Setup, state: TrainState, stop: StopFlag) -> list[EvalResult]
             stop.requested = True
             stop.check()
         windows = final_windows(s.corpus, split, block_size, s.config.eval.max_tokens)
+        check = stop.check if alone else None
         result = evaluate(
-            s.model,
-            s.corpus,
-            split,
-            s.buckets,
-            s.device,
-            s.autocast,
-            None,
-            stop.check if alone else None,
-            windows,
-            True,
+            s.model, s.corpus, split, s.buckets, s.device, s.autocast, check=check, windows=windows, shard=True
         )
         results.append(EvalResult(step=state.step, **result))
     return results
