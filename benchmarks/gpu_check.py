@@ -108,6 +108,8 @@ def peak_memory_gib(summary: dict) -> float | None:
     """The run's peak device memory from summary.json, in GiB, when it records one (in bytes or GiB)."""
     key = next((k for k in summary if "peak" in k and "mem" in k), None)
     value = summary.get(key) if key else None
+    if isinstance(value, dict):  # tiecli's own: {"bytes": N, "of": "cuda max_memory_allocated"}
+        value = value.get("bytes")
     if not isinstance(value, (int, float)):
         return None
     return value / 2**30 if value > 2**20 else float(value)

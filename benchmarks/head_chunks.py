@@ -8,6 +8,8 @@ as `tiecli train` sets it up (compiled, bf16 where auto picks it), the first ste
 included), a step's memory (peak RSS during 3 steps above the RSS after the first, sampled every
 millisecond, glibc returning large blocks at once) and the best time a step over 2 rounds of 4.
 These figures chose model.py's HEAD_CHUNK_MIN_ROWS and HEAD_GRAPH_MAX_CHUNKS (README, Performance).
+On a CUDA machine it measures the GPU (HEAD_CHUNK_ELEMENTS_CUDA, docs/performance-gpu.md), e.g.
+--grid b:512:graph,b:2048:graph; its memory column is then the device's peak allocation a step.
 """
 
 import argparse
@@ -23,17 +25,27 @@ def one(setting: str) -> None:
     """The child: measure one setting and print its line."""
     sys.path.insert(0, os.path.dirname(__file__))
     import throughput as tp
+    import torch
 
     from tiecli import model
 
     cfg, rows, where = setting.split(":")
     model.HEAD_CHUNK_ELEMENTS, model.HEAD_CHUNK_MIN_ROWS = 0, int(rows)  # exactly `rows` rows a chunk
+    model.HEAD_CHUNK_ELEMENTS_CUDA = 0
     model.HEAD_GRAPH_MAX_CHUNKS = 10**6 if where == "graph" else 0
     v = tp.tiecli_variant(cfg, tying="tied")
     start = time.perf_counter()
     v.step()
     first = time.perf_counter() - start
-    memory = tp.rss_during_steps(v)
+    if tp.DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        v.step()
+        torch.cuda.synchronize()
+        memory = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        memory = tp.rss_during_steps(v)
     step = min(tp.timed(v, 4) for _ in range(2))
     n = tp.CONFIGS[cfg][2] * tp.CONFIGS[cfg][4]  # rows of the logits: block x batch
     chunks = -(-n // int(rows))

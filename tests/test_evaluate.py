@@ -67,3 +67,77 @@ def test_the_training_split_is_evaluated_on_a_fixed_subset_when_large(corpus):
     assert len(eval_windows(len(small.tokens["train"]), 64, whole_split_limit(small, "train", 64))) == len(
         eval_windows(len(small.tokens["train"]), 64)
     )  # at most 4x the validation split: the whole of it
+
+
+def tiny_model() -> GPT:
+    return GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2, n_embd=16), seed=3)
+
+
+def test_small_splits_stay_whole_and_large_ones_are_a_seeded_subset_with_its_standard_error(corpus):
+    """The bundled corpus fits eval.max_tokens whole (no `subset`); a cap of 50 windows keeps 50 full
+    windows, the same ones every time, whose loss estimates the whole split's within its standard error."""
+    from tiecli.evaluate import final_windows
+
+    default = conf("tokenizer=bytes").eval.max_tokens
+    for split in ("val", "test"):
+        windows, of = final_windows(corpus, split, 64, default)
+        assert len(windows) == of and sum(n for _, n in windows) == len(corpus.tokens[split]) - 1
+    model, buckets, cpu = tiny_model(), corpus.buckets([0.5, 0.9]), torch.device("cpu")
+    whole = evaluate(model, corpus, "val", buckets, cpu, windows=final_windows(corpus, "val", 64, default))
+    assert "subset" not in whole
+    capped = final_windows(corpus, "val", 64, 50 * 64)
+    assert capped == final_windows(corpus, "val", 64, 50 * 64) and len(capped[0]) == 50 < capped[1]
+    part = evaluate(model, corpus, "val", buckets, cpu, windows=capped)
+    assert part["n_tokens"] == 50 * 64 and part["subset"]["windows"] == 50 and part["subset"]["of"] == capped[1]
+    se = part["subset"]["loss_se"]
+    assert 0 < se < 0.1 and abs(part["loss"] - whole["loss"]) < 4 * se
+
+
+def _rank_evaluates(rank: int, world: int, init: str, out: str, cache: str) -> None:
+    """One of `world` gloo ranks: its sharded evaluation of the validation split, and how many windows it read."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    from tiecli import evaluate as ev
+
+    os.environ["TIECLI_CACHE_DIR"] = cache
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    read = []
+    summed = ev._summed
+    ev._summed = lambda *args: (read.append(len(args[6])), summed(*args))[1]
+    corpus = load_corpus(data_config(), conf("tokenizer=bytes").tokenizer)
+    windows = ev.final_windows(corpus, "val", 64, 300 * 64)
+    m = ev.evaluate(
+        tiny_model(), corpus, "val", corpus.buckets([0.5, 0.9]), torch.device("cpu"), windows=windows, shard=True
+    )
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"metrics": m, "read": read}, f)
+    dist.destroy_process_group()
+
+
+def test_a_sharded_evaluation_gives_one_process_numbers(corpus, tmp_path):
+    """2 gloo ranks each evaluate half the windows; the all-reduced loss, bits per byte, bucket losses and
+    standard error are one process's (the sums only add in another order)."""
+    import json
+    import os
+
+    import torch.multiprocessing as mp
+
+    from tiecli.evaluate import final_windows
+
+    windows = final_windows(corpus, "val", 64, 300 * 64)
+    one = evaluate(tiny_model(), corpus, "val", corpus.buckets([0.5, 0.9]), torch.device("cpu"), windows=windows)
+    args = (2, f"file://{tmp_path / 'pg'}", str(tmp_path / "out"), os.environ["TIECLI_CACHE_DIR"])
+    mp.spawn(_rank_evaluates, args=args, nprocs=2)
+    ranks = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(2)]
+    assert [r["read"] for r in ranks] == [[150], [150]]
+    for r in ranks:
+        m = r["metrics"]
+        assert m["n_tokens"] == one["n_tokens"] and m["n_bytes"] == one["n_bytes"]
+        for key in ("loss", "bits_per_byte"):
+            assert m[key] == pytest.approx(one[key], rel=1e-9)
+        assert m["subset"]["loss_se"] == pytest.approx(one["subset"]["loss_se"], rel=1e-6)
+        for name, b in one["by_bucket"].items():
+            assert m["by_bucket"][name]["n_tokens"] == b["n_tokens"]

@@ -62,6 +62,29 @@ def test_fused_head_gives_the_plain_loss_and_gradients(mode, dtype, tol):
         assert (g_fused[name] - g).abs().max().item() <= tol * scale, name
 
 
+@pytest.mark.parametrize("mode", TYING_MODES)
+def test_padded_head_gives_the_unpadded_loss_and_gradients(mode, monkeypatch):
+    """The head padded to a multiple of 64 (97 -> 128 rows, as CUDA pads 50,257 -> 50,304): the padding is
+    masked out of the softmax, so the loss, the per-token losses and every gradient are the unpadded ones,
+    and no parameter or count holds a padding row."""
+    m, (x, y) = gpt(mode), batch()
+    runs = {}
+    for pad in ({}, {"cpu": 64}):
+        monkeypatch.setattr(model, "HEAD_PAD", pad)
+        loss = m(x, y)
+        loss.backward()
+        with torch.no_grad():
+            per_token = m(x, y, reduction="none")
+        runs[bool(pad)] = loss, per_token, grads(m)
+    (loss, per_token, g), (loss_p, per_token_p, g_p) = runs[False], runs[True]
+    assert model._padded(torch.zeros(50257, 2), 64).shape == (50304, 2)
+    assert torch.allclose(loss_p, loss, rtol=1e-6) and torch.allclose(per_token_p, per_token, rtol=1e-6, atol=1e-6)
+    for name, grad in g.items():
+        assert g_p[name].shape == grad.shape and torch.allclose(g_p[name], grad, rtol=1e-5, atol=1e-7), name
+    assert all(p.shape[0] in (V, T, C, 4, 2 * C, 3 * C, 4 * C) for p in m.parameters())
+    assert m.param_counts()["total"] == sum(p.numel() for p in m.parameters())
+
+
 def test_reductions_and_scales():
     torch.manual_seed(0)
     h, w, b = torch.randn(20, C), torch.randn(V, C), torch.randn(V)
@@ -117,8 +140,9 @@ def test_sinks_follow_the_model_and_stay_out_of_its_state():
 def test_compiled_step_matches_eager_with_the_split(mode, in_graph, monkeypatch):
     """torch.compile of the whole forward (fused head, fork) in one graph: same loss, gradients and split,
     whether the head's 7 chunks are traced into the graph or run as the tiecli::fused_head operator
-    (which compiles each chunk on its own the first time it runs)."""
+    (which compiles each chunk on its own the first time it runs); tied_bias with the head padded (97 -> 128)."""
     monkeypatch.setattr(model, "HEAD_GRAPH_MAX_CHUNKS", 7 if in_graph else 6)
+    monkeypatch.setattr(model, "HEAD_PAD", {"cpu": 64} if mode == "tied_bias" else {})
     monkeypatch.setattr(model, "_compiled_chunk", None)
     torch.compiler.reset()
     m, (x, y) = gpt(mode), batch()
@@ -146,3 +170,12 @@ def test_chunks_hold_about_a_fixed_number_of_logits_but_never_thin_rows(monkeypa
     assert model._chunk_rows(2048, 4096) == 1024  # 4M logits
     assert model._chunk_rows(2048, 50304) == 512  # the floor, not 83
     assert model._chunk_rows(100, 50304) == 100  # never more rows than there are
+
+
+def test_a_gpu_chunk_is_sized_by_its_memory_not_by_a_cpu_cache(monkeypatch):
+    """On CUDA a chunk holds 2**27 logits: a 16k-token micro-batch at GPT-2's padded vocabulary is 7 chunks,
+    within HEAD_GRAPH_MAX_CHUNKS (traced into the compiled step); the CPU's 4M logits would make it 32."""
+    monkeypatch.setattr(model, "HEAD_CHUNK_ELEMENTS", 2**22)
+    monkeypatch.setattr(model, "HEAD_CHUNK_MIN_ROWS", 512)
+    assert model._chunk_rows(16384, 50304, "cuda") == 2668 and model._chunk_rows(16384, 50304, "cpu") == 512
+    assert -(-16384 // model._chunk_rows(16384, 50304, "cuda")) <= model.HEAD_GRAPH_MAX_CHUNKS

@@ -511,3 +511,50 @@ def test_measure_is_deterministic_and_leaves_rng_and_inputs_alone():
 def test_too_few_tokens():
     with pytest.raises(ValueError, match="at least 2"):
         geometry.row_norms(gaussian(0, n=3), np.array([0, 4, 0]))
+
+
+def _numbers(tree, path=""):
+    """Every number of a measure() result, by its path."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _numbers(sub, f"{path}.{key}").items()}
+    if isinstance(tree, list):
+        return {k: v for i, sub in enumerate(tree) for k, v in _numbers(sub, f"{path}[{i}]").items()}
+    return {path: tree} if isinstance(tree, (int, float)) and not isinstance(tree, bool) else {}
+
+
+def _pass_inputs(V=3000, C=48):
+    g = torch.Generator().manual_seed(5)
+    common = torch.randn(C, generator=g)  # a shared direction, as trained embeddings have
+    W_in = torch.randn(V, C, generator=g) * 0.3 + common
+    W_out = W_in + 0.5 * torch.randn(V, C, generator=g)
+    counts = np.random.default_rng(0).zipf(1.3, V).astype(np.int64)
+    counts[::7] = 0  # never seen: left out
+    buckets = np.random.default_rng(1).integers(0, 3, V).astype(np.int8)
+    pairs = [(i, i + 1) for i in range(0, V - 1, 5)]
+    return W_in, W_out, counts, buckets, W_in * 0.9, W_out * 0.9, pairs
+
+
+def test_the_float32_pass_agrees_with_a_float64_one(monkeypatch):
+    """The pass computes in float32 with float64 Gram matrices and sums (so it can run on a GPU in its fast
+    precision): every number agrees with the same pass kept in float64 throughout, to 1e-4 (the spectrum's
+    smallest singular values, relative to the largest)."""
+    inputs = _pass_inputs()
+    fast = geometry.measure(*inputs[:4], *inputs[4:6], inputs[6], seed=0)
+    monkeypatch.setattr(geometry._Rows, "__init__", lambda self, W, idx: setattr(self, "x", W.double()[idx]))
+    exact = geometry.measure(*(w.double() if torch.is_tensor(w) else w for w in inputs[:6]), inputs[6], seed=0)
+    a, b = _numbers(fast), _numbers(exact)
+    assert a.keys() == b.keys() and len(a) > 60
+    scale = max(abs(v) for v in b.values())
+    for key, value in b.items():
+        assert a[key] == pytest.approx(value, rel=1e-4, abs=1e-6 * (scale if "singular" in key else 1)), key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_pass_on_a_gpu_matches_the_cpu():
+    inputs = _pass_inputs()
+    cpu = geometry.measure(*inputs[:4], *inputs[4:6], inputs[6], seed=0)
+    gpu = geometry.measure(*(w.cuda() if torch.is_tensor(w) else w for w in inputs[:6]), inputs[6], seed=0)
+    a, b = _numbers(gpu), _numbers(cpu)
+    assert a.keys() == b.keys()
+    for key, value in b.items():
+        assert a[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key

@@ -11,8 +11,9 @@ CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 
 
 def test_compile_auto_follows_the_device_and_the_run_length():
-    n = runtime.COMPILE_MIN_STEPS_CPU
-    assert runtime.pick_compile("auto", CUDA, 10) and not runtime.pick_compile("auto", MPS, 10**6)
+    n, n_cuda = runtime.COMPILE_MIN_STEPS_CPU, runtime.COMPILE_MIN_STEPS_CUDA
+    assert not runtime.pick_compile("auto", CUDA, 10) and not runtime.pick_compile("auto", MPS, 10**6)
+    assert not runtime.pick_compile("auto", CUDA, n_cuda - 1) and runtime.pick_compile("auto", CUDA, n_cuda)
     assert not runtime.pick_compile("auto", CPU, n - 1) and runtime.pick_compile("auto", CPU, n)
     assert runtime.pick_compile("true", CPU, 1) and not runtime.pick_compile("false", CUDA, 10**6)
 

@@ -69,7 +69,8 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
     cfg, files = setup(*extra)
     whole = train.train(cfg, tmp_path / "whole", False, files)
 
-    interrupt_at_batch(monkeypatch, 5 * cfg.train.grad_accum)  # during step 5, between checkpoints
+    # during step 5, between checkpoints: the draws of step 6, which step 5 prefetches
+    interrupt_at_batch(monkeypatch, 6 * cfg.train.grad_accum)
     with pytest.raises(train.Interrupted, match="interrupted at step 5/12"):
         train.train(cfg, tmp_path / "split", False, files)
     stopped = rundir.RunReader(tmp_path / "split").summary()

@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -44,6 +45,35 @@ DTYPES = ("auto", "fp32", "bf16", "fp16")
 COMPILE = ("auto", "true", "false")
 DATA_SPLITS = ("document", "block")
 SEED_LIMIT = 2**63  # torch.manual_seed takes 64 bits, read as signed or unsigned; [0, 2**63) fits both
+# A key given without its alternative replaces the alternative's default (conf/config.yaml's scale
+# with the run): train.warmup_steps=20 alone means 20 warmup steps, not train.warmup_fraction's.
+ALTERNATIVES = {
+    "train.warmup_steps": "train.warmup_fraction",
+    "train.eval_interval": "train.evals",
+    "train.checkpoint_interval": "train.checkpoints",
+}
+# Keys added after runs were written, with the value that keeps those runs' behaviour (see upgraded);
+# conf/'s own defaults for them differ.
+ADDED = {"train.checkpoints": None, "eval.max_tokens": None}
+
+
+def hardware_for(device: str) -> str:
+    """conf/hardware's file for hardware=auto: gpu when `device` is CUDA, or auto on a machine that has it."""
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return "gpu"
+    return "cpu"
+
+
+def _hardware(parsed: list[Override], dirs: list[Path]) -> tuple[list[Override], str]:
+    """The overrides without hardware=..., and the conf/hardware file they pick (auto resolved)."""
+    given = [o for o in parsed if o.key_or_group == "hardware"]
+    choice = str(given[-1].value()) if given else "auto"
+    options = group_options("hardware", dirs)
+    if choice not in (*options, "auto"):
+        raise ConfigError(f"unknown hardware {choice!r}; valid choices: auto, {', '.join(options)}")
+    if choice == "auto":
+        choice = hardware_for(next((str(o.value()) for o in parsed if o.key_or_group == "device"), "auto"))
+    return [o for o in parsed if o.key_or_group != "hardware"], choice
 
 
 def default_config_dir() -> Path:
@@ -74,6 +104,7 @@ class TrainConfig:
     eval_batches: int
     log_interval: int
     checkpoint_interval: int
+    checkpoints: int | None
     keep_checkpoints: int
     sample_tokens: int
 
@@ -105,6 +136,7 @@ class TokenizerConfig:
 class EvalConfig:
     buckets: list[float]
     test: bool
+    max_tokens: int | None
 
 
 @dataclass
@@ -240,6 +272,17 @@ class Config(Settings):
     def is_eval_step(self, step: int) -> bool:
         return step >= 1 and self.evals_by(step) > self.evals_by(step - 1)
 
+    def is_checkpoint_step(self, step: int) -> bool:
+        """Whether last.pt is saved after `step`: train.checkpoints times spread evenly (as train.evals
+        spreads evaluations), else every train.checkpoint_interval steps; always at max_steps."""
+        if step >= self.max_steps:
+            return True
+        n = self.train.checkpoints
+        if n is None:
+            return step % self.train.checkpoint_interval == 0
+        n = min(n, self.max_steps)
+        return step >= 1 and step * n // self.max_steps > (step - 1) * n // self.max_steps
+
 
 def parse_overrides(overrides: list[str]) -> list[Override]:
     try:
@@ -306,15 +349,20 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
             raise ConfigError(f"{o.input_line!r} adds or deletes a key; tiecli only changes keys conf/ defines")
     check_unique(parsed, "on the command line")
     dirs = config_dirs(config_dir)
+    parsed, hardware = _hardware(parsed, dirs)
     check_choices(parsed, dirs)
     # the parser sets input_line on every Override it returns
     group_overrides = [typing.cast(str, o.input_line) for o in parsed if o.key_or_group in GROUPS]
     with _merged(dirs) as primary, initialize_config_dir(config_dir=primary, version_base=None):
-        base = _hydra_compose(group_overrides)
+        base = _hydra_compose([*group_overrides, f"hardware={hardware}"])
         for o in parsed:
             if o.key_or_group not in GROUPS:
                 _check_key(base, o.key_or_group)
-        cfg = _hydra_compose(list(overrides))
+        cfg = _hydra_compose([*(typing.cast(str, o.input_line) for o in parsed), f"hardware={hardware}"])
+    given = {o.key_or_group for o in parsed}
+    for key, other in ALTERNATIVES.items():
+        if key in given and other not in given:
+            OmegaConf.update(cfg, other, None)
     choices = {g: cfg.hydra.runtime.choices[g] for g in GROUPS if g not in LIST_GROUPS}
     # Hydra records no choice for a list; str() of the parsed value is what `--resume` compares it with.
     choices |= {o.key_or_group: str(o.value()) for o in parsed if o.key_or_group in LIST_GROUPS}
@@ -403,6 +451,9 @@ def upgraded(stored: dict, choices: dict[str, str]) -> DictConfig:
     except ConfigError:  # a choice conf/ no longer has: check the stored config as it is
         return OmegaConf.create(stored)
     OmegaConf.set_struct(defaults, False)
+    for key, old in ADDED.items():
+        if OmegaConf.select(OmegaConf.create(stored), key, default="__absent__") == "__absent__":
+            OmegaConf.update(defaults, key, old)
     return typing.cast(DictConfig, OmegaConf.merge(defaults, stored))
 
 
@@ -539,6 +590,10 @@ def _validate(c: Config) -> None:
         f"diag.max_snapshots={c.diag.max_snapshots} must be at least 2 (step 0 and the last are "
         "always kept; diag.snapshots=false keeps none)",
     )
+    need(
+        c.eval.max_tokens is None or c.eval.max_tokens >= c.model.block_size,
+        f"eval.max_tokens={c.eval.max_tokens} must be at least model.block_size={c.model.block_size} (or null: whole splits)",
+    )
     b = c.eval.buckets
     need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
     tb, wb = c.logger.tensorboard, c.logger.wandb
@@ -569,6 +624,7 @@ def _validate_train(t: TrainConfig) -> None:
     for key, instead in (
         ("max_tokens", "train.max_steps sets the steps"),
         ("evals", "every train.eval_interval steps"),
+        ("checkpoints", "every train.checkpoint_interval steps"),
     ):
         need(
             getattr(t, key) is None or getattr(t, key) >= 1,

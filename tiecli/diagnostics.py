@@ -300,11 +300,13 @@ def form_pairs(enc: tiktoken.Encoding, path: str | None) -> tuple[list[tuple[int
 def embedding_geometry(
     emb: Embeddings, emb0: Embeddings, counts: np.ndarray, buckets: np.ndarray, pairs: list, pairs_info: dict, seed: int
 ) -> dict:
-    """One geometry.json entry: geometry.measure() of the effective matrices, drift against emb0."""
-    w_in, w_in0 = emb.input_matrix().cpu(), emb0.input_matrix().cpu()  # (V, C) each
+    """One geometry.json entry: geometry.measure() of the effective matrices, drift against emb0,
+    on the device `emb` is on (emb0, read from init.pt, comes to it)."""
+    device = emb.wte.device
+    w_in, w_in0 = emb.input_matrix().detach(), emb0.input_matrix().detach().to(device)  # (V, C) each
     # One object when the mode has one matrix: measure() then knows it is tied and measures it once.
-    w_out = w_in if emb.one_matrix else emb.output_matrix().cpu()
-    w_out0 = w_in0 if emb.one_matrix else emb0.output_matrix().cpu()
+    w_out = w_in if emb.one_matrix else emb.output_matrix().detach()
+    w_out0 = w_in0 if emb.one_matrix else emb0.output_matrix().detach().to(device)
     return {**geometry.measure(w_in, w_out, counts, buckets, w_in0, w_out0, pairs, seed=seed), "pairs": pairs_info}
 
 

@@ -8,7 +8,7 @@ the identity: rank 0 of a world of 1.
 
 The global batch is the config's: train.batch_size x train.grad_accum sequences per optimizer step,
 whatever the number of processes. Every rank draws those windows from the same sampler, in the
-same order a single process would, and keeps its own 1/N slice of them (rank_batches): the ranks
+same order a single process would, and reads its own 1/N slice of them (data.StepBatches): the ranks
 see different data, and a run on N processes trains on exactly the batches of the run on one,
 so both reach the same losses up to floating-point noise.
 
@@ -294,24 +294,6 @@ def batch_info(t: TrainConfig, block_size: int) -> dict:
         "world_size": world,
         "tokens": t.batch_size * t.grad_accum * block_size,
     }
-
-
-def rank_batches(
-    draws: list[tuple[torch.Tensor, torch.Tensor]], t: TrainConfig
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's micro-batches (x, y), each (micro, T), of one step.
-
-    draws: the grad_accum batches of batch_size windows that one process draws, in its order, from
-    the sampler every rank holds in the same state; rank r keeps rows [r G/N, (r+1) G/N) of the G.
-    """
-    world = world_size()
-    if world == 1:
-        return draws
-    micro, _ = rank_shape(t, world)
-    per_rank = t.batch_size * t.grad_accum // world
-    rows = slice(rank() * per_rank, (rank() + 1) * per_rank)
-    x, y = torch.cat([d[0] for d in draws])[rows], torch.cat([d[1] for d in draws])[rows]  # (G/N, T) each
-    return list(zip(x.split(micro), y.split(micro)))
 
 
 def mean_(tensor: torch.Tensor) -> torch.Tensor:

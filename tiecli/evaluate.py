@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from tiecli import checkpoint, rundir
 from tiecli.config import Config
@@ -25,7 +26,7 @@ def whole_split_limit(corpus: Corpus, split: str, block_size: int) -> int | None
     """Windows a whole-split evaluation reads: all of them (None), except in the training split.
 
     The training split is evaluated whole when it is at most TRAIN_EVAL_FACTOR times the validation
-    split's windows, else on that many fixed windows spread evenly over it (the same in `tiecli train`
+    split's windows, else on that many of them, a fixed random subset (final_windows; the same in `tiecli train`
     and `tiecli eval --split train`): a 90% split would cost 18 validation passes, and a few times the
     validation split's tokens already measure the training loss as precisely as the validation loss.
     """
@@ -35,6 +36,36 @@ def whole_split_limit(corpus: Corpus, split: str, block_size: int) -> int | None
 
 
 EVAL_TOKENS = 32768  # tokens per evaluation batch: 4x a training step's, as no autograd state is kept
+SUBSET_SEED = 0  # which windows a split past eval.max_tokens keeps: the same in every run and every `tiecli eval`
+
+
+def final_windows(corpus: Corpus, split: str, block_size: int, max_tokens: int | None) -> tuple[list, int]:
+    """The windows a whole-split evaluation reads, and how many the whole split has.
+
+    All of them, unless the split is past eval.max_tokens (or is the training split past
+    whole_split_limit): then that many full windows, a fixed random subset (SUBSET_SEED), so the
+    mean loss over them estimates the split's without bias and with a standard error (evaluate).
+    """
+    windows = eval_windows(len(corpus.tokens[split]), block_size)
+    limits = [whole_split_limit(corpus, split, block_size), None if max_tokens is None else max_tokens // block_size]
+    keep = min((k for k in limits if k is not None), default=len(windows))
+    if keep >= len(windows):
+        return windows, len(windows)
+    full = [w for w in windows if w[1] == block_size]
+    picked = np.sort(np.random.default_rng(SUBSET_SEED).choice(len(full), max(1, keep), replace=False))
+    return [full[i] for i in picked], len(windows)
+
+
+def expected_line(
+    corpus: Corpus, splits: list[str], block_size: int, max_tokens: int | None, tokens_per_s: float
+) -> str:
+    """The final evaluation's size and its expected time at the pace of an evaluation just measured."""
+    tokens = sum(len(final_windows(corpus, split, block_size, max_tokens)[0]) * block_size for split in splits)
+    capped = "" if max_tokens is None else f", at most {max_tokens:,} a split (eval.max_tokens)"
+    return (
+        f"final evaluation: {', '.join(splits)}, {tokens:,} tokens{capped}; "
+        f"about {tokens / max(tokens_per_s, 1e-9):,.0f} s at the step-0 evaluation's pace"
+    )
 
 
 def eval_batch_size(block_size: int) -> int:
@@ -53,6 +84,8 @@ def evaluate(
     autocast=contextlib.nullcontext,
     limit: int | None = None,
     check: Callable[[], None] | None = None,
+    windows: tuple[list, int] | None = None,
+    shard: bool = False,
 ) -> dict:
     """Metrics over every token of `split` (or over `limit` fixed windows of it), without autograd.
 
@@ -60,16 +93,39 @@ def evaluate(
     the UTF-8 bytes of the predicted tokens, which does not depend on the tokenizer.
     by_bucket: the same loss and perplexity over targets in each frequency bucket.
     check: called between batches; it raises to stop a long evaluation (Ctrl-C).
+    windows: final_windows' (windows, windows in the split), instead of `limit`; a subset adds
+    `subset`: its size, the split's, and the standard error of its loss as an estimate of the split's.
+    shard: in a process group, each rank evaluates every world-th window and the sums are all-reduced:
+    every rank gets the numbers one process would.
     """
-    tokens = corpus.tokens[split]
     block_size = model.config.block_size
+    picked, of = windows or (eval_windows(len(corpus.tokens[split]), block_size, limit), None)
+    sharded = shard and dist.is_initialized()
+    mine = picked[dist.get_rank() :: dist.get_world_size()] if sharded else picked
+    sums = _summed(model, corpus, split, buckets, device, autocast, mine, check)
+    if sharded:
+        dist.all_reduce(sums)
+    nll, count, n_bytes, window_sum, window_sq = sums.cpu().split([len(BUCKETS), len(BUCKETS), 1, 1, 1])
+    metrics = _metrics(split, nll.tolist(), count.tolist(), float(n_bytes))
+    if of is not None and len(picked) < of:
+        k = len(picked)  # windows of the subset, all full: the loss is the mean of their mean losses
+        var = (float(window_sq) - float(window_sum) ** 2 / k) / max(1, k - 1)
+        se = math.sqrt(max(0.0, var) / k * (1 - k / of))  # simple random sampling, without replacement
+        metrics["subset"] = {"windows": k, "of": of, "seed": SUBSET_SEED, "loss_se": se}
+    return metrics
+
+
+def _summed(model, corpus, split, buckets, device, autocast, windows, check) -> torch.Tensor:
+    """(2 x len(BUCKETS) + 3,) float64 sums over `windows`: NLL and targets by bucket, bytes, and the sum
+    and sum of squares of the full windows' mean losses."""
+    tokens, block_size = corpus.tokens[split], model.config.block_size
     batch_size = eval_batch_size(block_size)
-    windows = eval_windows(len(tokens), block_size, limit)
     token_bytes = torch.from_numpy(corpus.token_bytes).to(device)
     bucket_of = torch.from_numpy(buckets.astype(np.int64)).to(device)
     nll = torch.zeros(len(BUCKETS), dtype=torch.float64, device=device)  # summed per bucket
     count = torch.zeros(len(BUCKETS), dtype=torch.float64, device=device)
     n_bytes = torch.zeros((), dtype=torch.float64, device=device)
+    per_window = torch.zeros(2, dtype=torch.float64, device=device)  # full windows: sum, sum of squares
     was_training = model.training
     model.eval()
     # Full windows in batches; the one short window at the end of a split in a batch of its own.
@@ -89,8 +145,11 @@ def evaluate(
             nll += torch.bincount(b, weights=loss.flatten().double(), minlength=len(BUCKETS))
             count += torch.bincount(b, minlength=len(BUCKETS)).double()
             n_bytes += token_bytes[y].sum()
+            if length == block_size:
+                means = loss.double().mean(1)  # (B,)
+                per_window += torch.stack([means.sum(), (means**2).sum()])
     model.train(was_training)
-    return _metrics(split, nll.cpu().tolist(), count.cpu().tolist(), float(n_bytes))
+    return torch.cat([nll, count, n_bytes[None], per_window])
 
 
 def _metrics(split: str, bucket_nll: list[float], bucket_count: list[float], n_bytes: float) -> dict:
@@ -117,7 +176,7 @@ def _metrics(split: str, bucket_nll: list[float], bucket_count: list[float], n_b
 
 
 def evaluate_run(run_dir: Path, config: Config, split: str, step: str = "latest") -> EvalResult:
-    """Reload a run's checkpoint and evaluate a whole split (the training split: whole_split_limit).
+    """Reload a run's checkpoint and evaluate a whole split (or final_windows' subset).
 
     step: latest (last.pt), recorded in eval.json; or a step with full weights (last.pt's, or one that
     train.keep_checkpoints kept), only returned: eval.json keeps the latest checkpoint's, which `report` reads.
@@ -137,6 +196,8 @@ def _evaluate(reader: rundir.RunReader, config: Config, split: str, step: str) -
     model, ckpt = checkpoint.load_model(reader.full_checkpoint(step), config.model, reader.name)
     checkpoint.check_step(ckpt, step, reader.kept_steps(), reader.name)
     autocast = autocast_for(device, pick_dtype(config.dtype, device))
-    limit = whole_split_limit(corpus, split, config.model.block_size)
-    metrics = evaluate(model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast, limit)
+    windows = final_windows(corpus, split, config.model.block_size, config.eval.max_tokens)
+    metrics = evaluate(
+        model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast, windows=windows
+    )
     return EvalResult(step=ckpt["state"]["step"], **metrics)

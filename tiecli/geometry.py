@@ -12,7 +12,9 @@ Conventions shared by every function:
   would otherwise dominate every statistic with its initialisation.
 - `buckets` (V,) int8 holds 0 = frequent, 1 = mid, 2 = rare (see BUCKETS).
 - Inputs are never modified; any float dtype works; maths runs in float32, with float64 where
-  precision matters (Gram matrices, sums).
+  precision matters (Gram matrices, sums), on the device the matrices are on (a GPU's during
+  training: seconds on the host at V = 50k, docs/performance-gpu.md); samples are drawn on the
+  CPU, so the results do not depend on the device beyond float rounding.
 - Results are dicts of plain Python floats / ints / lists / None, ready for JSON.
 - Sampling uses a private torch.Generator seeded from `seed`, never the global RNG: these run in
   the middle of training and must not change it.
@@ -55,7 +57,7 @@ def _generator(seed):
 
 def _gram64(a, b):
     """a^T b in float64, one block of rows at a time."""
-    out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64)  # (C, C)
+    out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64, device=a.device)  # (C, C)
     for i in range(0, a.shape[0], _CHUNK):
         out += a[i : i + _CHUNK].double().T @ b[i : i + _CHUNK].double()
     return out
@@ -65,7 +67,7 @@ class _Rows:
     """The occurring rows of one matrix, plus what several metrics share (computed once)."""
 
     def __init__(self, W, idx):
-        self.x = W.detach()[torch.from_numpy(idx)].float()  # (n, C), a copy: W is never touched
+        self.x = W.detach()[torch.from_numpy(idx).to(W.device)].float()  # (n, C), a copy: W is never touched
 
     @property
     def n(self):
@@ -110,6 +112,7 @@ class _Rows:
 
 def _pair_cosine(unit, i, j):
     """Mean cosine of rows i[k] and j[k]; `unit` has unit rows."""
+    i, j = i.to(unit.device), j.to(unit.device)
     return (unit[i] * unit[j]).sum(1, dtype=torch.float64).mean().item()
 
 
@@ -158,7 +161,7 @@ def _row_norms(rows, counts_occ):
         "norm_min": norms.min().item(),
         "norm_max": norms.max().item(),
         # ranks are unchanged by log, so ranking the counts is ranking log frequency
-        "norm_freq_spearman": spearman(norms.numpy(), counts_occ),
+        "norm_freq_spearman": spearman(norms.cpu().numpy(), counts_occ),
     }
 
 
@@ -184,7 +187,7 @@ def _top_pc_share(rows):
 
 
 def _anisotropy(rows, n_pairs, seed):
-    mean_dir = torch.nn.functional.normalize(rows.mean.float(), dim=0)  # (C,)
+    mean_dir = torch.nn.functional.normalize(rows.mean.to(rows.x.dtype), dim=0)  # (C,)
     return {
         "anisotropy": _random_pair_cosine(rows, n_pairs, seed),
         "cosine_to_mean": (rows.unit @ mean_dir).double().mean().item(),
@@ -211,7 +214,7 @@ def _isotropy(rows):
     # depend on which sign eigh happens to return. The (C, n) layout makes logsumexp run
     # along contiguous memory, ~3x faster than down the columns of (n, C).
     vectors = torch.linalg.eigh(rows.unit_gram)[1]  # (C, C) columns: eigenvectors of u^T u
-    proj = vectors.float().T @ rows.unit.T  # (C, n): c . u_i for every eigenvector c
+    proj = vectors.to(rows.x.dtype).T @ rows.unit.T  # (C, n): c . u_i for every eigenvector c
     log_z_plus = proj.logsumexp(1)  # (C,) log Z(c)
     log_z_minus = proj.neg_().logsumexp(1)  # (C,) log Z(-c)
     log_z = torch.cat([log_z_plus, log_z_minus])  # (2C,)
@@ -264,8 +267,8 @@ def spectrum(W, counts, max_values=MAX_SINGULAR_VALUES):
 
 def _drift(rows, rows0, buckets_occ):
     # per-row sums of C squares are exact enough in float32; the totals below are float64
-    moved = (rows.x - rows0.x).pow(2).sum(1).double().numpy()  # (n,) |w - w0|^2
-    size = rows0.x.pow(2).sum(1).double().numpy()  # (n,) |w0|^2
+    moved = (rows.x - rows0.x).pow(2).sum(1).double().cpu().numpy()  # (n,) |w - w0|^2
+    size = rows0.x.pow(2).sum(1).double().cpu().numpy()  # (n,) |w0|^2
 
     def ratio(mask):
         # None for an empty bucket, and for a zero init (e.g. a zero-initialised output layer)
@@ -293,8 +296,9 @@ def drift(W, W0, counts, buckets):
 
 def _knn(unit, queries, k):
     """Indices of the k nearest rows (cosine) of each query row, the query itself excluded."""
+    queries = queries.to(unit.device)
     sims = unit[queries] @ unit.T  # (q, n)
-    sims[torch.arange(len(queries)), queries] = -math.inf
+    sims[torch.arange(len(queries), device=unit.device), queries] = -math.inf
     return sims.topk(k, dim=1).indices  # (q, k)
 
 

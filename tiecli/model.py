@@ -62,8 +62,28 @@ class GPTConfig:
 
 
 INIT_STD = 0.02  # GPT-2's normal init of every matrix
-HEAD_CHUNK_ELEMENTS = 2**22  # the fused head holds about this many logits (16 MB in fp32) at a time,
+HEAD_CHUNK_ELEMENTS = 2**22  # on a CPU the fused head holds about this many logits (16 MB in fp32) at a time,
 HEAD_CHUNK_MIN_ROWS = 512  # but at least this many rows: thinner matmuls run far below the peak (README)
+# A GPU's chunk is sized by its memory, not by a cache: 2**27 fp32 logits (512 MiB, 2,668 rows at
+# V = 50,304) keep a 16k-token micro-batch within HEAD_GRAPH_MAX_CHUNKS chunks, inside the compiled
+# graph, and a few such buffers fit the smallest GPU worth training on (16 GB).
+HEAD_CHUNK_ELEMENTS_CUDA = 2**27
+# The head's matmuls see the vocabulary padded with zero rows to a multiple of this, per device type
+# (nanoGPT's 50,257 -> 50,304 for GPT-2: tensor-core tiles fit it); the padding is masked out of the
+# softmax, so loss and gradients are those of the unpadded head. Not on a CPU, where it buys nothing
+# and costs a copy of the matrix a step.
+HEAD_PAD = {"cuda": 64}
+
+
+def chunk_elements(device_type: str) -> int:
+    """Logits the fused head holds at a time on this device type (see HEAD_CHUNK_ELEMENTS_CUDA)."""
+    return HEAD_CHUNK_ELEMENTS_CUDA if device_type == "cuda" else HEAD_CHUNK_ELEMENTS
+
+
+def _padded(t: torch.Tensor, multiple: int) -> torch.Tensor:
+    """(V, ...) -> (V', ...): zero rows appended up to a multiple of `multiple` (V' = V when it is one)."""
+    extra = -t.shape[0] % multiple
+    return t if extra == 0 else torch.cat([t, t.new_zeros(extra, *t.shape[1:])])
 
 
 def _head_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -73,25 +93,30 @@ def _head_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _chunk_logits(h, w, bias, scale: float) -> torch.Tensor:
-    """fp32 logits (n, V) of one chunk of rows: the matmul in the compute dtype, everything after in fp32."""
+def _chunk_logits(h, w, bias, scale: float, n_valid: int) -> torch.Tensor:
+    """fp32 logits (n, V) of one chunk of rows: the matmul in the compute dtype, everything after in fp32.
+
+    Columns from n_valid on are the head's padding (HEAD_PAD): -inf, so the softmax gives them nothing."""
     logits = (h @ w.t()).float()
     if scale != 1.0:
         logits = logits * scale
-    return logits if bias is None else logits + bias.float()
+    logits = logits if bias is None else logits + bias.float()
+    if n_valid < logits.shape[1]:
+        logits[:, n_valid:] = float("-inf")
+    return logits
 
 
-def _chunk_rows(n: int, vocab_size: int) -> int:
-    return max(1, min(n, max(HEAD_CHUNK_MIN_ROWS, HEAD_CHUNK_ELEMENTS // vocab_size)))
+def _chunk_rows(n: int, vocab_size: int, device_type: str = "cpu") -> int:
+    return max(1, min(n, max(HEAD_CHUNK_MIN_ROWS, chunk_elements(device_type) // vocab_size)))
 
 
-def _head_chunk(hc, yc, w, bias, scale: float, want_h: bool, want_w: bool, want_b: bool):
+def _head_chunk(hc, yc, w, bias, scale: float, n_valid: int, want_h: bool, want_w: bool, want_b: bool):
     """One chunk of rows: its summed loss and its gradients, each None when not wanted.
 
-    hc (n, C) and w (V, C) in the compute dtype, yc (n,). Returns the loss (), d/dh (n, C) in the
-    compute dtype, d/dW (V, C) and d/db (V,) in fp32.
+    hc (n, C) and w (V, C) in the compute dtype, yc (n,); rows of w from n_valid on are padding.
+    Returns the loss (), d/dh (n, C) in the compute dtype, d/dW (V, C) and d/db (V,) in fp32.
     """
-    logits = _chunk_logits(hc, w, bias, scale)  # (n, V) fp32
+    logits = _chunk_logits(hc, w, bias, scale, n_valid)  # (n, V) fp32
     lse = torch.logsumexp(logits, dim=-1)  # (n,)
     loss = (lse - logits.gather(1, yc[:, None]).squeeze(1)).sum()
     if not (want_h or want_w or want_b):
@@ -105,7 +130,7 @@ def _head_chunk(hc, yc, w, bias, scale: float, want_h: bool, want_w: bool, want_
     return loss, grad_h, grad_w, grad_b
 
 
-def _head_loop(h, w, bias, targets, scale: float, wants: tuple[bool, bool, bool], chunk=_head_chunk):
+def _head_loop(h, w, bias, targets, scale: float, n_valid: int, wants: tuple[bool, bool, bool], chunk=_head_chunk):
     """_head_chunk over every chunk of rows: the summed loss and the gradients, accumulated (see _head_chunk)."""
     want_h, want_w, want_b = wants
     (N, C), V = h.shape, w.shape[0]
@@ -113,10 +138,10 @@ def _head_loop(h, w, bias, targets, scale: float, wants: tuple[bool, bool, bool]
     grad_h = torch.empty_like(h) if want_h else None  # (N, C)
     grad_w = torch.zeros((V, C), dtype=torch.float32, device=h.device) if want_w else None  # fp32 across chunks
     grad_b = torch.zeros(V, dtype=torch.float32, device=h.device) if want_b else None
-    rows = _chunk_rows(N, V)
+    rows = _chunk_rows(N, V, h.device.type)
     for start in range(0, N, rows):
         hc, yc = h[start : start + rows].to(w.dtype), targets[start : start + rows]  # (n, C), (n,)
-        loss, gh, gw, gb = chunk(hc, yc, w, bias, scale, *wants)
+        loss, gh, gw, gb = chunk(hc, yc, w, bias, scale, n_valid, *wants)
         total = total + loss
         if grad_h is not None:
             grad_h[start : start + rows] = gh.to(h.dtype)
@@ -145,6 +170,7 @@ def _fused_head(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     scale: float,
+    n_valid: int,
     want_h: bool,
     want_w: bool,
     want_b: bool,
@@ -153,12 +179,12 @@ def _fused_head(
     global _compiled_chunk
     if _compiled_chunk is None:
         _compiled_chunk = torch.compile(_head_chunk, fullgraph=True, dynamic=False)
-    out = _head_loop(h, w, bias, targets, scale, (want_h, want_w, want_b), chunk=_compiled_chunk)
+    out = _head_loop(h, w, bias, targets, scale, n_valid, (want_h, want_w, want_b), chunk=_compiled_chunk)
     return tuple(h.new_empty(0) if t is None else t for t in out)  # type: ignore[return-value]
 
 
 @_fused_head.register_fake
-def _(h, w, bias, targets, scale, want_h, want_w, want_b):
+def _(h, w, bias, targets, scale, n_valid, want_h, want_w, want_b):
     (V, C), f32 = w.shape, torch.float32
     return (
         h.new_empty((), dtype=f32),
@@ -181,13 +207,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, bias, targets, scale: float, dtype: torch.dtype):
         wants = tuple(ctx.needs_input_grad[:3])  # h, weight, bias (False for a bias that is None)
-        w = weight.to(dtype)  # (V, C): cast once, not per chunk
-        chunks = math.ceil(h.shape[0] / _chunk_rows(h.shape[0], weight.shape[0]))
+        V, pad = weight.shape[0], HEAD_PAD.get(h.device.type, 1)
+        w = _padded(weight.to(dtype), pad)  # (V', C): cast and padded once, not per chunk
+        b = None if bias is None else _padded(bias, pad)  # (V',)
+        chunks = math.ceil(h.shape[0] / _chunk_rows(h.shape[0], w.shape[0], h.device.type))
         if torch.compiler.is_compiling() and chunks > HEAD_GRAPH_MAX_CHUNKS:
-            total, *grads = _fused_head(h, w, bias, targets, scale, *wants)
+            total, *grads = _fused_head(h, w, b, targets, scale, V, *wants)
             grad_h, grad_w, grad_b = (g if want else None for g, want in zip(grads, wants))
         else:
-            total, grad_h, grad_w, grad_b = _head_loop(h, w, bias, targets, scale, wants)
+            total, grad_h, grad_w, grad_b = _head_loop(h, w, b, targets, scale, V, wants)
+        grad_w = None if grad_w is None else grad_w[:V]  # the padding's rows are zero: dropped
+        grad_b = None if grad_b is None else grad_b[:V]
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return total
@@ -224,10 +254,11 @@ def linear_cross_entropy(
     if reduction == "none":
         if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
             raise ValueError("reduction='none' has no gradient in the fused head; use 'mean' or 'sum' to train")
-        w, rows = weight.to(dtype), _chunk_rows(h.shape[0], weight.shape[0])
-        losses = []
+        pad, V = HEAD_PAD.get(h.device.type, 1), weight.shape[0]
+        w, b = _padded(weight.to(dtype), pad), None if bias is None else _padded(bias, pad)  # (V', C), (V',)
+        rows, losses = _chunk_rows(h.shape[0], w.shape[0], h.device.type), []
         for start in range(0, h.shape[0], rows):
-            logits = _chunk_logits(h[start : start + rows].to(dtype), w, bias, scale)  # (n, V) fp32
+            logits = _chunk_logits(h[start : start + rows].to(dtype), w, b, scale, V)  # (n, V') fp32
             losses.append(F.cross_entropy(logits, targets[start : start + rows], reduction="none"))
         return torch.cat(losses)  # (N,)
     total = _LinearCrossEntropy.apply(h, weight, bias, targets, scale, dtype)

@@ -31,6 +31,7 @@ EXTENDABLE = (
     "train.eval_batches",
     "train.log_interval",
     "train.checkpoint_interval",
+    "train.checkpoints",
     "eval.test",
 )
 EXTENDABLE_PREFIXES = ("diag.",)

@@ -94,6 +94,7 @@ class Summary:
     batch: dict | None = None  # the global batch: global = micro_batch x grad_accum x world_size sequences, and tokens
     run_id: str | None = None  # made with the run, also in each of its checkpoints: another run's last.pt is refused
     threads: int | None = None  # torch's CPU threads per process (runtime.use_threads); None in older runs
+    peak_memory: dict | None = None  # rank 0's peak memory this session: {"bytes": N, "of": what was measured}
     format: int = FORMAT
 
 
@@ -130,6 +131,7 @@ class EvalResult:
     n_tokens: int
     n_bytes: int
     by_bucket: dict[str, dict]
+    subset: dict | None = None  # past eval.max_tokens: {"windows", "of", "seed", "loss_se"}; None: the whole split
 
     def brief(self) -> dict:
         return {

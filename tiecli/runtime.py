@@ -6,8 +6,9 @@ benchmarks/throughput.py:
   dtype    bf16 autocast on CUDA where the GPU has native bf16 (else fp16 with a gradient scaler, or
            fp32 before Volta) and on CPUs with native bf16 instructions (AVX512-BF16 or AMX), where
            bf16 matmuls run at about twice the fp32 rate; fp32 elsewhere.
-  compile  on CUDA always; on CPU when the run has at least COMPILE_MIN_STEPS_CPU steps, the
-           point where the compiled step's saving repays the cold compile; never on MPS.
+  compile  on CUDA when the run has at least COMPILE_MIN_STEPS_CUDA steps, on CPU at least
+           COMPILE_MIN_STEPS_CPU: the points where the compiled step's saving repays the cold
+           compile; never on MPS.
   threads  on CPU, one torch thread per core that other processes leave free (pick_threads);
            OMP_NUM_THREADS, when set, wins. benchmarks/threads.py measures why.
 """
@@ -30,6 +31,11 @@ from tiecli.errors import TiecliError
 # cache) cost 17-23 s: repaid after 365-490 steps, so 500. With a warm cache the compile costs
 # 2-5 s and repays within 150 steps. `benchmarks/throughput.py --defaults` measures it on any machine.
 COMPILE_MIN_STEPS_CPU = 500
+# On CUDA the same arithmetic with public figures (no GPU has run tiecli yet: docs/performance-gpu.md):
+# nanoGPT's GPT-2 small step fell from about 250 to 135 ms on an A100 with torch.compile, about
+# 115 ms saved, and a cold compile of that model costs about a minute: repaid after ~500 steps.
+# A run of a few hundred steps (seconds to a minute of training) is faster eager.
+COMPILE_MIN_STEPS_CUDA = 500
 FP16_TENSOR_CORES = (7, 0)  # compute capability of the first GPUs with fp16 tensor cores (Volta)
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -193,11 +199,11 @@ def pick_dtype(name: str, device: torch.device) -> str:
 
 
 def pick_compile(name: str, device: torch.device, max_steps: int) -> bool:
-    """compile: true / false as given; auto: CUDA yes, MPS no, CPU for runs long enough to repay compiling."""
+    """compile: true / false as given; auto: on CUDA and CPU for runs long enough to repay compiling, MPS no."""
     if name != "auto":
         return name == "true"
     if device.type == "cuda":
-        return True
+        return max_steps >= COMPILE_MIN_STEPS_CUDA
     return device.type == "cpu" and max_steps >= COMPILE_MIN_STEPS_CPU
 
 

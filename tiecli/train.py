@@ -8,7 +8,9 @@ the data sampler, so on CPU the resumed run reproduces the uninterrupted one exa
 
 import math
 import platform
+import resource
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,10 +25,10 @@ import tiecli
 from tiecli import baselines, checkpoint, diagnostics, distributed, rundir
 from tiecli import resume as resuming
 from tiecli.config import Config, TrainConfig
-from tiecli.data import Corpus, get_batch, load_corpus
+from tiecli.data import Corpus, StepBatches, get_batch, load_corpus
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
-from tiecli.evaluate import evaluate, whole_split_limit
+from tiecli.evaluate import evaluate, expected_line, final_windows
 from tiecli.model import GPT, Embeddings
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
 from tiecli.runtime import (
@@ -84,6 +86,7 @@ class Setup:
     pairs_info: dict
     compiled: bool  # whether `forward` is torch.compile'd (compile: auto resolved)
     forward: Callable  # model(x, y) -> loss for the training step: the model itself, or its compiled graph
+    batches: StepBatches  # this rank's micro-batches, drawn from `sampler`
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaling; None under bf16 and fp32
 
 
@@ -154,6 +157,12 @@ def prepare(config: Config) -> Setup:
     forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
     wants_pairs = config.diag.geometry or config.diag.every > 0  # R3's geometry and R4's pair gradients
     pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
+    t, world, sampler = config.train, distributed.world_size(), torch.Generator().manual_seed(config.seed)
+    micro, _ = distributed.rank_shape(t, world)
+    batches = StepBatches(
+        corpus.tokens["train"], t.batch_size, t.grad_accum, config.model.block_size, micro, distributed.rank(), world,
+        sampler, device, draw=lambda *args: get_batch(*args),
+    )  # fmt: skip
     return Setup(
         config,
         device,
@@ -163,11 +172,12 @@ def prepare(config: Config) -> Setup:
         corpus.buckets(config.eval.buckets),
         model,
         make_optimizer(model, config.train, device),
-        torch.Generator().manual_seed(config.seed),
+        sampler,
         pairs,
         pairs_info,
         compiled,
         forward,
+        batches,
         grad_scaler(device, dtype),
     )
 
@@ -335,6 +345,7 @@ def train(
                 console, run_dir.name, config.max_steps, state.step, config.train.log_interval, s.compiled
             ) as p:
                 fit(s, None, state, p, stop, fresh=not resumed)
+            final_evals(s, state, stop)  # its share of the windows: rank 0 gets the reduced numbers
             return None
         with run:
             if resumed:
@@ -342,6 +353,9 @@ def train(
             if threads.warning():
                 console.print(threads.warning(), highlight=False, markup=False, soft_wrap=True)
             console.print(distributed.batch_line(config.train, config.model.block_size), highlight=False)
+            warning = small_batch_warning(s.device, config.train, config.model.block_size)
+            if warning:
+                console.print(warning, style="yellow", highlight=False)
             summary = run.reader.summary()
             summary.status, summary.error, summary.started = "running", None, now()
             summary.run_id = state.run_id
@@ -352,16 +366,17 @@ def train(
                     console, run_dir.name, config.max_steps, state.step, config.train.log_interval, s.compiled
                 ) as progress:
                     fit(s, run, state, progress, stop, fresh=not resumed)
-                    stop.check()
                     finals = final_evals(s, state, stop)
                 for result in finals:
                     run.eval(result)
-                return finish(run, summary, state, "completed", final_val=finals[0].brief())
+                peak = peak_memory(s.device)
+                return finish(run, summary, state, "completed", final_val=finals[0].brief(), peak_memory=peak)
             except Interrupted as e:
-                finish(run, summary, state, "interrupted", error=str(e))
+                finish(run, summary, state, "interrupted", error=str(e), peak_memory=peak_memory(s.device))
                 raise
             except BaseException as e:
-                finish(run, summary, state, "failed", error=f"{type(e).__name__}: {e}".strip())
+                error = f"{type(e).__name__}: {e}".strip()
+                finish(run, summary, state, "failed", error=error, peak_memory=peak_memory(s.device))
                 raise
 
 
@@ -385,7 +400,12 @@ def fit(
     pair_index = diagnostics.pair_index(s.pairs, s.corpus.counts, d.seed, s.device) if d.every > 0 else None
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
     if fresh and run:  # a checkpoint at step 0 (stopped before the first step) already has these
+        start = time.perf_counter()
         log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
+        pace = 2 * t.eval_batches * t.batch_size * c.model.block_size / (time.perf_counter() - start)
+        splits = ["val", "train", *(["test"] if c.eval.test else [])]
+        world = distributed.world_size()  # the final evaluation is sharded across the ranks
+        progress.plain(expected_line(s.corpus, splits, c.model.block_size, c.eval.max_tokens, pace * world))
         record_geometry(s, run, emb0, 0)
     interval_start, interval_tokens = time.perf_counter(), 0
     tick = interval_start
@@ -410,14 +430,19 @@ def fit(
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state.step += 1
+        if state.step < max_steps:
+            s.batches.prefetch()  # the host reads the next step's windows while the device runs this one
         state.tokens += c.tokens_per_step
         state.loss_n += 1
+        at_eval = c.is_eval_step(state.step)
+        log_now = state.step % t.log_interval == 0 or at_eval or bool(diag)
+        if log_now:  # the host runs ahead of a GPU: wait for it, so the times measure its work, not the queue
+            synchronize(s.device)
         state.train_time += time.perf_counter() - step_start
         interval_tokens += c.tokens_per_step
         progress.advance(state.step)
 
-        at_eval = c.is_eval_step(state.step)
-        if state.step % t.log_interval == 0 or at_eval or diag:
+        if log_now:
             tps = interval_tokens / (time.perf_counter() - interval_start)
             loss = mean_loss(distributed.mean_(loss_acc), state, run)
             if run:  # rank 0 evaluates and writes; the others wait for it in the next step
@@ -428,11 +453,43 @@ def fit(
             loss_acc.zero_()
             state.loss_n = 0
             interval_start, interval_tokens = time.perf_counter(), 0
-        if state.step % t.checkpoint_interval == 0 or state.step == max_steps:
+        if c.is_checkpoint_step(state.step):
             save_checkpoint(s, run, state, loss_acc, keep=True)
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved")
+
+
+MIN_GPU_BATCH_TOKENS = 16384  # below this a rank's micro-batch leaves a GPU waiting on the host's kernel launches
+
+
+def small_batch_warning(device: torch.device, t: TrainConfig, block_size: int) -> str | None:
+    """One line when a rank's micro-batch on CUDA is under MIN_GPU_BATCH_TOKENS tokens, else None."""
+    micro, _ = distributed.rank_shape(t, distributed.world_size())
+    if device.type != "cuda" or micro * block_size >= MIN_GPU_BATCH_TOKENS:
+        return None
+    return (
+        f"warning: a micro-batch of {micro} x {block_size} = {micro * block_size:,} tokens a rank keeps a GPU "
+        f"waiting (under {MIN_GPU_BATCH_TOKENS:,}); raise train.batch_size (hardware=gpu: 16 x 1024)"
+    )
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has done the work queued so far (only log steps call it: it stalls the queue)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """summary.json's peak_memory: the most the device held during this session of the run.
+
+    CUDA: torch.cuda.max_memory_allocated (tensors; the caching allocator reserves somewhat more);
+    elsewhere the process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS), which
+    counts the model, the data pages read and Python itself."""
+    if device.type == "cuda":
+        return {"bytes": torch.cuda.max_memory_allocated(device), "of": "cuda max_memory_allocated"}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"bytes": rss if sys.platform == "darwin" else rss * 1024, "of": "process peak RSS"}
 
 
 def grad_stats(
@@ -453,13 +510,9 @@ def grad_stats(
 
 def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
     """Forward and backward over grad_accum micro-batches; returns which tokens were inputs (for diagnostics)."""
-    t = s.config.train
     present = torch.zeros(s.config.model.vocab_size, dtype=torch.bool, device=s.device) if diag_now else None
-    tokens, block_size = s.corpus.tokens["train"], s.config.model.block_size
-    draws = [get_batch(tokens, t.batch_size, block_size, s.sampler) for _ in range(t.grad_accum)]  # one process's
-    batches = distributed.rank_batches(draws, t)  # this rank's share of them
+    batches = s.batches.next()  # this rank's share of one process's draws, on the device
     for i, (x, y) in enumerate(batches):
-        x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
         distributed.sync_grads(s.forward, now=i == len(batches) - 1)
         if present is not None:
             present[x.flatten()] = True
@@ -493,26 +546,24 @@ def subset_evals(s: Setup) -> dict[str, dict]:
 
 
 def final_evals(s: Setup, state: TrainState, stop: StopFlag) -> list[EvalResult]:
-    """The whole validation split, the training split (whole, or a fixed subset: whole_split_limit) and,
-    with eval.test, the whole test split."""
-    splits = ["val", "train", *(["test"] if s.config.eval.test else [])]
-    block_size = s.config.model.block_size
-    return [
-        EvalResult(
-            step=state.step,
-            **evaluate(
-                s.model,
-                s.corpus,
-                split,
-                s.buckets,
-                s.device,
-                s.autocast,
-                limit=whole_split_limit(s.corpus, split, block_size),
-                check=stop.check,
-            ),
+    """The validation split, the training split and, with eval.test, the test split: each whole, or a
+    fixed subset past eval.max_tokens (final_windows). Every rank evaluates its share (shard).
+
+    One process stops between batches on Ctrl-C; ranks, whose shares differ by a batch, agree on a
+    stop before each split (a rank that left alone would leave the others waiting in the reduction)."""
+    block_size, alone = s.config.model.block_size, distributed.world_size() == 1
+    results = []
+    for split in ["val", "train", *(["test"] if s.config.eval.test else [])]:
+        if distributed.any_rank(stop.requested):
+            stop.requested = True
+            stop.check()
+        windows = final_windows(s.corpus, split, block_size, s.config.eval.max_tokens)
+        check = stop.check if alone else None
+        result = evaluate(
+            s.model, s.corpus, split, s.buckets, s.device, s.autocast, check=check, windows=windows, shard=True
         )
-        for split in splits
-    ]
+        results.append(EvalResult(step=state.step, **result))
+    return results
 
 
 def log(
@@ -562,7 +613,8 @@ def save_checkpoint(
     state.loss_sum = loss_acc.item()
     if distributed.any_rank(not math.isfinite(state.loss_sum)):
         mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
-    rng = {"torch": torch.get_rng_state(), "sampler": s.sampler.get_state(), **checkpoint.device_rng(s.device)}
+    # the sampler's state from before a prefetched draw, so a resume draws it again
+    rng = {"torch": torch.get_rng_state(), "sampler": s.batches.state(), **checkpoint.device_rng(s.device)}
     ranks = distributed.gather({**rng, "loss_sum": state.loss_sum})
     if run is None or ranks is None:
         return

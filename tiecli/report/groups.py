@@ -17,6 +17,7 @@ IGNORED_KEYS = (
     "train.eval_interval",
     "train.eval_batches",
     "train.checkpoint_interval",
+    "train.checkpoints",
     "train.keep_checkpoints",  # how many full checkpoints stay on disk: the training is the same
     "eval.buckets",
     "eval.test",
