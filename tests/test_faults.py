@@ -883,8 +883,8 @@ def test_a_stop_signal_to_rank_0_while_it_starts_is_one_line(isolated):
     os.kill(rank0, signal.SIGUSR2)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 130, (out, err)
-    assert err.strip() == (
-        "error: rank 0 of 2 was ended by SIGUSR2 (before it could catch it); what the run had saved is kept: "
+    assert err.strip() == (  # a stop, not labelled an error (as Ctrl-C)
+        "rank 0 of 2 was ended by SIGUSR2 (before it could catch it); what the run had saved is kept: "
         "run the same command again, with --resume if the run exists"
     ), err
     assert out == ""

@@ -137,14 +137,20 @@ _chosen: dict[str, Threads] = {}  # one choice per process, so two runs in one p
 def use_threads(device: torch.device, keep: int | None = None) -> Threads:
     """Set torch's threads for this process, once: OMP_NUM_THREADS when set; else `keep` (a resumed
     run's own count, so it computes as before); else on CPU one per free core. Elsewhere torch's default."""
-    if "threads" in _chosen and keep is None:
+    if "threads" in _chosen and keep is None and _chosen["threads"].source != "OMP_NUM_THREADS":
+        # set again: code between two runs of one process (a test, a benchmark) may have changed torch's count,
+        # and a run must train on the count it records
+        torch.set_num_threads(_chosen["threads"].n)
         return _chosen["threads"]
     cpus = affinity()
     default = _chosen["default"].n if "default" in _chosen else torch.get_num_threads()
     _chosen["default"] = Threads(default, len(cpus), None, "torch")
     busy = busy_cores(cpus) if device.type == "cpu" else None
-    if os.environ.get("OMP_NUM_THREADS"):
-        threads = Threads(torch.get_num_threads(), len(cpus), busy, "OMP_NUM_THREADS")
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if omp:  # read here, not only at torch's start: it may have been set after torch was imported
+        threads = Threads(
+            int(omp) if omp.isdigit() and int(omp) > 0 else torch.get_num_threads(), len(cpus), busy, "OMP_NUM_THREADS"
+        )
     elif keep is not None:
         threads = Threads(keep, len(cpus), busy, "run")
     elif device.type == "cpu":
