@@ -1,4 +1,4 @@
-# python scripts/build_corpus_deb.py NAME [--debs FOLDER]   (NAME: docs_en or docs_ru; writes $TIECLI_CACHE_DIR/corpora/NAME.jsonl.xz)
+# python scripts/build_corpus_deb.py NAME [--debs FOLDER] [--count-tokens]   (NAME: docs_en or docs_ru; writes $TIECLI_CACHE_DIR/corpora/NAME.jsonl.xz)
 """Build a larger corpus (data=docs_en, data=docs_ru) from pinned Debian packages.
 
 No registry reachable offline ships a large corpus of general natural prose (see docs/data.md for what
@@ -288,6 +288,23 @@ def build(name: str, folder: Path, out: Path) -> None:
     print(f"seconds:    {time.monotonic() - start:.0f}")
 
 
+def count_tokens(path: Path, vocab: int = 4096, sample_bytes: int = 10_000_000) -> None:
+    """Estimate the corpus's tokens: a byte-level BPE (tokenizer=bpe) trained on every k-th document,
+    about sample_bytes in all, then the whole corpus encoded with it."""
+    from tiecli import tokenizer
+
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+        docs = [json.loads(line)["text"] for line in f]
+    stride = max(1, sum(len(d.encode()) for d in docs) // sample_bytes)
+    sample = "\n\n".join(docs[::stride])
+    with tempfile.TemporaryDirectory() as cache:
+        enc = tokenizer.build("bpe", vocab, sample, cache, key=f"{path} {stride}")
+    n = sum(len(enc.encode_ordinary(d)) for d in docs)
+    chars = sum(len(d) for d in docs)
+    print(f"tokens:     {n:,} (BPE {vocab} trained on every {stride}th document, {len(sample):,} characters)")
+    print(f"per token:  {chars / n:.2f} characters")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(PACKAGES))
@@ -295,9 +312,13 @@ def main():
         "--debs", type=Path, help="a folder holding the pinned .deb files (default: apt-get download them)"
     )
     parser.add_argument("--out", type=Path, help="where to write (default: tiecli's cache, where data=NAME reads it)")
+    parser.add_argument("--count-tokens", action="store_true", help="only estimate the tokens of the built corpus")
     args = parser.parse_args()
     assert set(PACKAGES) == set(CORPORA)
     out = args.out or corpus_path(args.name)
+    if args.count_tokens:
+        count_tokens(out)
+        return
     if args.debs:
         build(args.name, args.debs, out)
     else:

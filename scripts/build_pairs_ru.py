@@ -23,8 +23,8 @@ from tiecli.data import corpus_path
 ARTICLE_PAIRS = [("кошка", "кошки"), ("идти", "шёл"), ("идти", "шел")]  # ё is often written е
 CONTENT = {"NOUN", "ADJF", "INFN"}  # nouns, full adjectives, verbs (by their infinitive)
 MIN_COUNT = 5
-N_LEMMAS = 1500
-FORMS_PER_LEMMA = 4
+N_LEMMAS = 2000
+FORMS_PER_LEMMA = 8
 OUT = Path(__file__).resolve().parent.parent / "conf" / "pairs" / "ru.tsv"
 WORD = re.compile(r"[а-яё]+")
 
