@@ -3,9 +3,10 @@
 
 No registry reachable offline ships a large corpus of general natural prose (see docs/data.md for what
 was checked), so these corpora are the natural-language documentation that Debian ships in English and
-in Russian: the reStructuredText sources of the Python and Linux kernel manuals, the LibreOffice, GIMP
-and KiCad user manuals (HTML, turned into text), the Debian FAQ and Developer's Reference, and for
-Russian also fortune-mod-ru's quotations. Each package is pinned by version and by the sha256 of its
+in Russian: for English the Python, Linux kernel, Django, PostgreSQL, SQLite, Octave, Maxima, git, Perl
+and Rust manuals, for both the LibreOffice, GIMP and KiCad user manuals and Debian's FAQ and
+Developer's Reference (HTML is turned into text; Sphinx, AsciiDoc and POD sources are read as they
+are), and for Russian also fortune-mod-ru's quotations. Each package is pinned by version and by the sha256 of its
 .deb; `apt-get download` fetches them (or --debs gives a folder that already holds them). Every
 file becomes one document, {"name": package/path, "text": ...}, one JSON object per line,
 xz-compressed, sorted by name; identical texts are kept once. Same .debs in, same sha256 out.
@@ -35,110 +36,41 @@ from tiecli.rundir import atomic_write
 Package = tuple[str, str, str, str, str]
 RST = r"/html/_sources/.*\.rst\.txt$"  # the Sphinx sources: text with light markup
 HTML = r"\.html?$"
+# The Rust books (not the API reference, nor the unstable book's generated stubs); print.html repeats a whole book
+RUST_BOOKS = (
+    r"/html/(book|reference|nomicon|rust-by-example|edition-guide|embedded-book|rustc)/(?!print\.html).*\.html$"
+)
 INDEX_PAGES = re.compile(r"/(genindex|search|py-modindex|modindex)[^/]*\.html$")  # lists of links, not text
+# fmt: off
 PACKAGES: dict[str, list[Package]] = {
     "docs_en": [
-        (
-            "python3.11-doc",
-            "3.11.2-6+deb12u9",
-            "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be",
-            "text",
-            RST,
-        ),
+        ("python3.11-doc", "3.11.2-6+deb12u9", "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be", "text", RST),
         ("linux-doc-6.1", "6.1.192-3", "f18dfe28dcab7bdbf9185be16b9521f5841277a6a96c374a6683a648d5d5fa4f", "text", RST),
-        (
-            "libreoffice-help-en-us",
-            "4:7.4.7-1+deb12u14",
-            "8faa840285734d6cfe1ed25537b48f07e74bd6412e3917bf8e5f8a653f7b3712",
-            "html",
-            HTML,
-        ),
+        ("libreoffice-help-en-us", "4:7.4.7-1+deb12u14", "8faa840285734d6cfe1ed25537b48f07e74bd6412e3917bf8e5f8a653f7b3712", "html", HTML),
         ("gimp-help-en", "2.10.34-2", "a2deec76763aaf2fcdd197bac0736cdcb0770ba993d48d233329e1c92b0bfe36", "html", HTML),
-        (
-            "kicad-doc-en",
-            "6.0.11+dfsg-1",
-            "20dbe9acb2e6f38d49bd742d4b71bee2dc3e7dbd8c54a7a45ad05a742e5ae834",
-            "html",
-            HTML,
-        ),
-        (
-            "developers-reference",
-            "12.18",
-            "0dba82f6fa16e373f2a84ad07e7971aa9264ad2e7d2ae46b37edbc9c5fd57e2e",
-            "html",
-            HTML,
-        ),
+        ("kicad-doc-en", "6.0.11+dfsg-1", "20dbe9acb2e6f38d49bd742d4b71bee2dc3e7dbd8c54a7a45ad05a742e5ae834", "html", HTML),
+        ("developers-reference", "12.18", "0dba82f6fa16e373f2a84ad07e7971aa9264ad2e7d2ae46b37edbc9c5fd57e2e", "html", HTML),
         ("debian-faq", "11.1", "427426e0cfa6888622fc1d72631071cb4b5a1f86ccde722e7820bcef284de5d0", "html", HTML),
-        (
-            "python-django-doc",
-            "3:3.2.25-0+deb12u7",
-            "87307f067916df72e17180d35b7cde5c7ea6080336cda518efd7f6e66988a7ca",
-            "html",
-            HTML,
-        ),
-        (
-            "postgresql-doc-15",
-            "15.20-0+deb12u1",
-            "4c44bf2c599f208b3f46454a6cf7a72e25ec46ff74d37b59dd31ad76b00eebb7",
-            "html",
-            HTML,
-        ),
-        (
-            "sqlite3-doc",
-            "3.40.1-2+deb12u2",
-            "466e30d7066e2641fa13e56bc662a2ad521b8cc9c17dde9c9dac3d4f105e32f2",
-            "html",
-            HTML,
-        ),
+        ("python-django-doc", "3:3.2.25-0+deb12u7", "87307f067916df72e17180d35b7cde5c7ea6080336cda518efd7f6e66988a7ca", "html", HTML),
+        ("postgresql-doc-15", "15.20-0+deb12u1", "4c44bf2c599f208b3f46454a6cf7a72e25ec46ff74d37b59dd31ad76b00eebb7", "html", HTML),
+        ("sqlite3-doc", "3.40.1-2+deb12u2", "466e30d7066e2641fa13e56bc662a2ad521b8cc9c17dde9c9dac3d4f105e32f2", "html", HTML),
         ("octave-doc", "7.3.0-2", "b27897cc7e3d688daa5cb8f8d1ea47077f3fbd205ce32e22522200ff0c1eadd5", "html", HTML),
-        (
-            "git-doc",
-            "1:2.39.5-0+deb12u3",
-            "3c89668a11053a6bafade3de1f611f4613db31e082af63f43d8c5b69ad8795ec",
-            "text",
-            r"/doc/git-doc/[^/]+\.txt$",
-        ),
-        (
-            "debian-reference-en",
-            "2.100",
-            "9f31d3a17df505de09689ca255512ea58c1fc47c59bb1b0c7bf1c23362e9743f",
-            "html",
-            HTML,
-        ),
+        ("git-doc", "1:2.39.5-0+deb12u3", "3c89668a11053a6bafade3de1f611f4613db31e082af63f43d8c5b69ad8795ec", "text", r"/doc/git-doc/[^/]+\.txt$"),
+        ("debian-reference-en", "2.100", "9f31d3a17df505de09689ca255512ea58c1fc47c59bb1b0c7bf1c23362e9743f", "html", HTML),
+        ("rust-doc", "1.63.0+dfsg1-2", "96ef96fe6df87d939ca713bd7df3d15c2b778ccb892eca025c4ee504146f697b", "html", RUST_BOOKS),
+        ("perl-doc", "5.36.0-7+deb12u4", "f4269cff4576d6f02a6756df842988e58451c7e945b08517dd235531b24e48f8", "text", r"/pod/[^/]+\.pod$"),
+        ("maxima-doc", "5.46.0-11", "01a726b693a7e465a62040ac5ade4762194d7553524231d77cd1fcd4a69a75b9", "html", HTML),
     ],
     "docs_ru": [
-        (
-            "libreoffice-help-ru",
-            "4:7.4.7-1+deb12u14",
-            "5a2f75d5b0dfcf660275070647af528a81be28b5d3e9c3ec2d419ef5518db7a2",
-            "html",
-            HTML,
-        ),
+        ("libreoffice-help-ru", "4:7.4.7-1+deb12u14", "5a2f75d5b0dfcf660275070647af528a81be28b5d3e9c3ec2d419ef5518db7a2", "html", HTML),
         ("gimp-help-ru", "2.10.34-2", "6cc1afc044beda47a616cd2627ac5941bcca7ef7beb5edde7aa3b41cc61c3edd", "html", HTML),
-        (
-            "kicad-doc-ru",
-            "6.0.11+dfsg-1",
-            "bea783318a41d3154c552a3fb10ae2a30f10337166e76116ea9eb8169cd6ad26",
-            "html",
-            HTML,
-        ),
-        (
-            "developers-reference-ru",
-            "12.18",
-            "a618bfa826e2436fa73d5bf4eaac7170ff9d25a5d1bdd86b1c25a196a2b886c6",
-            "html",
-            HTML,
-        ),
+        ("kicad-doc-ru", "6.0.11+dfsg-1", "bea783318a41d3154c552a3fb10ae2a30f10337166e76116ea9eb8169cd6ad26", "html", HTML),
+        ("developers-reference-ru", "12.18", "a618bfa826e2436fa73d5bf4eaac7170ff9d25a5d1bdd86b1c25a196a2b886c6", "html", HTML),
         ("debian-faq-ru", "11.1", "aaaae7a409c5cf5f5b8c26991f6ef484297e0cd2dee74c8d675cfa6613bce541", "html", HTML),
-        (
-            "fortunes-ru",
-            "1.52-3.1",
-            "2dc76af9c0e02e2926d36f88dcb685bb171fab8677e553a6def41efe8a551cc6",
-            "fortune",
-            r"/games/fortunes/ru/[^/]+$",
-        ),
+        ("fortunes-ru", "1.52-3.1", "2dc76af9c0e02e2926d36f88dcb685bb171fab8677e553a6def41efe8a551cc6", "fortune", r"/games/fortunes/ru/[^/]+$"),
     ],
 }
+# fmt: on
 
 BLOCK_TAGS = {
     "p", "div", "br", "li", "ul", "ol", "dl", "dt", "dd", "tr", "table", "pre", "blockquote", "section",
