@@ -15,7 +15,6 @@ The output goes to tiecli's cache (TIECLI_CACHE_DIR, else ~/.cache/tiecli), not 
 
 import argparse
 import hashlib
-import html
 import html.parser
 import io
 import json
@@ -108,7 +107,7 @@ def html_to_text(page: str) -> str:
     parser = _TextOf()
     parser.feed(page)
     parser.close()
-    return tidy(html.unescape("".join(parser.parts)))
+    return tidy("".join(parser.parts))  # convert_charrefs has decoded the entities, once
 
 
 def tidy(text: str) -> str:

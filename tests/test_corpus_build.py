@@ -36,9 +36,9 @@ def test_html_to_text_keeps_the_visible_text_one_block_a_line():
     page = (
         "<html><head><title>x</title><style>p {color: red}</style></head><body>"
         "<h1>Кошки  и&nbsp;коты</h1><script>var a = 1;</script>"
-        "<p>One   &amp; two,\r\n three.</p><ul><li>first</li><li>second</li></ul></body></html>"
+        "<p>One   &amp; two &amp;lt;b&amp;gt;,\r\n three.</p><ul><li>first</li><li>second</li></ul></body></html>"
     )
-    assert deb.html_to_text(page) == "Кошки и коты\n\nOne & two,\nthree.\n\nfirst\n\nsecond"
+    assert deb.html_to_text(page) == "Кошки и коты\n\nOne & two &lt;b&gt;,\nthree.\n\nfirst\n\nsecond"
 
 
 def test_fortune_text_makes_one_paragraph_per_saying():
