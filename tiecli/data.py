@@ -43,6 +43,7 @@ from tiecli.errors import ConfigError, TiecliError
 SPLITS = ("train", "val", "test")
 BUCKETS = ("frequent", "mid", "rare")
 SHAKESPEARE = Path(__file__).parent / "assets" / "shakespeare.jsonl.xz"
+CORPORA = ("docs_en", "docs_ru")  # too large to ship: scripts/build_corpus_deb.py builds them into the cache
 TOKENS_FORMAT = 2  # part of the cache key: bump when the split or the token files change, and old entries are rebuilt
 CHUNK_CHARS = 1 << 20  # text per tokenizer task: ~0.2 s of work, so the pool's cost per task is small
 READ_BYTES = 8 << 20  # a text file is read this many bytes at a time
@@ -62,6 +63,11 @@ def cache_dir() -> Path:
     if "TIECLI_CACHE_DIR" in os.environ:
         return Path(os.environ["TIECLI_CACHE_DIR"])
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiecli"
+
+
+def corpus_path(name: str) -> Path:
+    """Where a built corpus (one of CORPORA) lives: cache_dir()/corpora/<name>.jsonl.xz."""
+    return cache_dir() / "corpora" / f"{name}.jsonl.xz"
 
 
 def num_proc(data: DataConfig) -> int:
@@ -86,7 +92,9 @@ class Source:
 
 def source(data: DataConfig) -> Source:
     if data.name == "shakespeare":
-        return Source("shakespeare", [SHAKESPEARE], _shakespeare)
+        return Source("shakespeare", [SHAKESPEARE], functools.partial(_jsonl_xz, SHAKESPEARE))
+    if data.name in CORPORA:
+        return _built_source(data.name)
     if data.name == "hf":
         return _hf_source(data)
     if data.path is None:
@@ -101,10 +109,21 @@ def load_documents(data: DataConfig) -> Iterator[tuple[int, str]]:
         yield i, "".join(doc)
 
 
-def _shakespeare() -> Iterator[list[str]]:
-    with lzma.open(SHAKESPEARE, "rt", encoding="utf-8") as f:
+def _jsonl_xz(path: Path) -> Iterator[list[str]]:
+    """The documents of an xz-compressed JSON-lines file, one {"name", "text"} object a line."""
+    with lzma.open(path, "rt", encoding="utf-8") as f:
         for line in f:
             yield [json.loads(line)["text"]]
+
+
+def _built_source(name: str) -> Source:
+    path = corpus_path(name)
+    if not path.is_file():
+        raise TiecliError(
+            f"data={name}: the corpus is not built yet ({path} is missing); "
+            f"build it with: python scripts/build_corpus_deb.py {name}"
+        )
+    return Source(name, [path], functools.partial(_jsonl_xz, path))
 
 
 def _files(path: str, key: str) -> list[Path]:
