@@ -163,7 +163,7 @@ def test_shipped_pairs_by_name():
     words = {enc.decode([t]).strip() for pair in pairs for t in pair}
     assert {"walk", "walked", "king", "kings", "run", "ran", "good", "better", "happy", "happiness"} <= words
     assert diagnostics.pairs_file("en") == config.default_config_dir() / "pairs" / "en.tsv"
-    with pytest.raises(TiecliError, match=r"no shipped pairs file 'xx' \(shipped: en\); give a path such as ./xx"):
+    with pytest.raises(TiecliError, match=r"no shipped pairs file 'xx' \(shipped: en, ru\); give a path such as ./xx"):
         diagnostics.form_pairs(enc, "xx")
 
 
