@@ -137,7 +137,7 @@ _chosen: dict[str, Threads] = {}  # one choice per process, so two runs in one p
 def use_threads(device: torch.device, keep: int | None = None) -> Threads:
     """Set torch's threads for this process, once: OMP_NUM_THREADS when set; else `keep` (a resumed
     run's own count, so it computes as before); else on CPU one per free core. Elsewhere torch's default."""
-    if "threads" in _chosen and keep is None and _chosen["threads"].source != "OMP_NUM_THREADS":
+    if "threads" in _chosen and keep is None and not os.environ.get("OMP_NUM_THREADS"):
         # set again: code between two runs of one process (a test, a benchmark) may have changed torch's count,
         # and a run must train on the count it records
         torch.set_num_threads(_chosen["threads"].n)
