@@ -106,6 +106,43 @@ RunsDir = Annotated[
     Path, typer.Option("--runs-dir", help="Folder where a bare run NAME is looked up (RUN may also be a path)")
 ]
 Multirun = Annotated[bool, typer.Option("-m", "--multirun", hidden=True, help="Hydra's multirun: tiecli sweep does it")]
+# tiecli report's options, named here so that its signature reads as a list
+Select = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--select",
+        help="A dotted key (train.lr) whose best value, by seed-mean final val loss, "
+        "is kept per group; the others are listed as not selected. Repeatable",
+    ),
+]
+Sesoi = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--sesoi",
+        help="Smallest effect of interest, KEY=VALUE: ppl (% perplexity, default 1), "
+        "cos (default 0.05), cka (default 0.05), drift and gnorm (% of a tied/untied ratio, default 10), "
+        "spikes (loss spikes per run, default 1). Repeatable",
+    ),
+]
+TargetLoss = Annotated[
+    float | None,
+    typer.Option(
+        "--target-loss",
+        help="A fixed convergence target (val loss, nats) for every "
+        "pair (default: per pair, the higher of the two groups' best losses)",
+    ),
+]
+Family = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--family",
+        help="A Holm family, NAME=CLAIM[,CLAIM...], replacing the families the sweeps declared "
+        "(default: one per claim). Repeatable",
+    ),
+]
+ReportRunsDir = Annotated[
+    Path, typer.Option("--runs-dir", help="Folder where a bare name (a run, sweeps/NAME) is looked up")
+]
 
 
 @contextlib.contextmanager
@@ -181,17 +218,7 @@ def train(
         from tiecli import config, distributed
         from tiecli import resume as resuming
 
-        if multirun:
-            raise ConfigError(
-                f"-m: tiecli train trains one run; for several, `{shlex.join(['tiecli', 'sweep', *overrides])}`"
-            )
-        if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
-            run_arg = Path(overrides.pop(0))
-            if not rundir.is_run_dir(run_arg) and rundir.is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
-                run_arg = runs_dir / run_arg
-            runs_dir, name = run_arg.parent, run_arg.name
-        if name is not None and not name.strip():
-            raise TiecliError("--name is empty; give a name, or leave --name out for the default")
+        runs_dir, name = run_place(overrides, resume, runs_dir, name, multirun)
 
         def plan():
             if resume:
@@ -210,16 +237,39 @@ def train(
             if path is None:
                 return
             run_config = config.to_config(cfg)
-            from tiecli.train import train as train_run
-
-            try:
-                summary = train_run(run_config, path, resume, files)
-            except TiecliError as e:
-                if e.exit_code == 130 and rundir.is_run_dir(path) and distributed.is_rank0():
-                    raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
-                raise
+            summary = run_training(run_config, path, resume, files, config_dir)
         if summary is not None:  # None on ranks other than 0: rank 0 reports
             show_trained(path, summary, run_config)
+
+
+def run_place(overrides: list[str], resume: bool, runs_dir: Path, name: str | None, multirun: bool):
+    """(runs_dir, name) of the run to train: `--resume runs/NAME` (or a bare NAME in --runs-dir) pops the
+    run's path from the overrides; -m and an empty --name are refused."""
+    if multirun:
+        raise ConfigError(
+            f"-m: tiecli train trains one run; for several, `{shlex.join(['tiecli', 'sweep', *overrides])}`"
+        )
+    if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
+        run_arg = Path(overrides.pop(0))
+        if not rundir.is_run_dir(run_arg) and rundir.is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
+            run_arg = runs_dir / run_arg
+        runs_dir, name = run_arg.parent, run_arg.name
+    if name is not None and not name.strip():
+        raise TiecliError("--name is empty; give a name, or leave --name out for the default")
+    return runs_dir, name
+
+
+def run_training(run_config, path: Path, resume: bool, files, config_dir: Path | None):
+    """tiecli.train.train, with the resume command added to a stop's line (rank 0's)."""
+    from tiecli import distributed
+    from tiecli.train import train as train_run
+
+    try:
+        return train_run(run_config, path, resume, files)
+    except TiecliError as e:
+        if e.exit_code == 130 and rundir.is_run_dir(path) and distributed.is_rank0():
+            raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
+        raise
 
 
 def resume_command(path: Path, config_dir: Path | None) -> str:
@@ -385,19 +435,11 @@ def geometry(
     Example: tiecli geometry --model SmolLM2-135M-Instruct.Q4_1.gguf --out refs/smollm2
     """
     with user_errors():
+        check_geometry_args(run, model, step, write, out)
         if model is not None:
-            if not model.strip():
-                raise ConfigError(
-                    "--model is empty; give a .gguf file or a Hugging Face folder (config.json, *.safetensors)"
-                )
-            if run is not None or step != "latest" or write:
-                raise ConfigError("--model measures a pretrained model: give it without a RUN, --step or --write")
             show_pretrained(Path(model), pairs, out, as_json)
             return
-        if run is None:
-            raise ConfigError("give a RUN directory, or --model PATH for a pretrained model")
-        if out is not None:
-            raise ConfigError("--out is for --model; a run's entry goes into its own geometry.json with --write")
+        assert run is not None  # check_geometry_args: a RUN or --model
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.diagnostics import geometry_of_run
@@ -407,6 +449,21 @@ def geometry(
             print(json.dumps(entry.to_dict(), indent=2))
         else:
             console.print(display.geometry_table(entry.to_dict(), f"{run.name}: geometry at step {entry.step}"))
+
+
+def check_geometry_args(run: Path | None, model: str | None, step: str, write: bool, out: Path | None) -> None:
+    """geometry measures a RUN, or with --model a pretrained model; the options of the one refused with the other."""
+    if model is not None:
+        if not model.strip():
+            raise ConfigError(
+                "--model is empty; give a .gguf file or a Hugging Face folder (config.json, *.safetensors)"
+            )
+        if run is not None or step != "latest" or write:
+            raise ConfigError("--model measures a pretrained model: give it without a RUN, --step or --write")
+    elif run is None:
+        raise ConfigError("give a RUN directory, or --model PATH for a pretrained model")
+    elif out is not None:
+        raise ConfigError("--out is for --model; a run's entry goes into its own geometry.json with --write")
 
 
 def show_pretrained(model: Path, pairs: Path | None, out: Path | None, as_json: bool) -> None:
@@ -659,42 +716,11 @@ def report(
     out: Annotated[
         Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")
     ] = None,
-    select: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--select",
-            help="A dotted key (train.lr) whose best value, by seed-mean final val loss, "
-            "is kept per group; the others are listed as not selected. Repeatable",
-        ),
-    ] = None,
-    sesoi: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--sesoi",
-            help="Smallest effect of interest, KEY=VALUE: ppl (% perplexity, default 1), "
-            "cos (default 0.05), cka (default 0.05), drift and gnorm (% of a tied/untied ratio, default 10), "
-            "spikes (loss spikes per run, default 1). Repeatable",
-        ),
-    ] = None,
-    target_loss: Annotated[
-        float | None,
-        typer.Option(
-            "--target-loss",
-            help="A fixed convergence target (val loss, nats) for every "
-            "pair (default: per pair, the higher of the two groups' best losses)",
-        ),
-    ] = None,
-    family: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--family",
-            help="A Holm family, NAME=CLAIM[,CLAIM...], replacing the families the sweeps declared "
-            "(default: one per claim). Repeatable",
-        ),
-    ] = None,
-    runs_dir: Annotated[
-        Path, typer.Option("--runs-dir", help="Folder where a bare name (a run, sweeps/NAME) is looked up")
-    ] = Path("runs"),
+    select: Select = None,
+    sesoi: Sesoi = None,
+    target_loss: TargetLoss = None,
+    family: Family = None,
+    runs_dir: ReportRunsDir = Path("runs"),
 ):
     """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 

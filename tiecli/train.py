@@ -400,13 +400,7 @@ def fit(
     pair_index = diagnostics.pair_index(s.pairs, s.corpus.counts, d.seed, s.device) if d.every > 0 else None
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
     if fresh and run:  # a checkpoint at step 0 (stopped before the first step) already has these
-        start = time.perf_counter()
-        log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
-        pace = 2 * t.eval_batches * t.batch_size * c.model.block_size / (time.perf_counter() - start)
-        splits = ["val", "train", *(["test"] if c.eval.test else [])]
-        world = distributed.world_size()  # the final evaluation is sharded across the ranks
-        progress.plain(expected_line(s.corpus, splits, c.model.block_size, c.eval.max_tokens, pace * world))
-        record_geometry(s, run, emb0, 0)
+        log_step_0(s, run, state, progress, emb0)
     interval_start, interval_tokens = time.perf_counter(), 0
     tick = interval_start
     while state.step < max_steps and not distributed.any_rank(stop.requested):  # a signal to any rank stops all
@@ -420,15 +414,7 @@ def fit(
         present = micro_steps(s, loss_acc, diag_now)
         diag = grad_stats(s, present, buckets_t, state.step, pair_index)
         model.emb.clear_split_grads()
-        if s.scaler:  # fp16: clip the true gradients; a step whose gradients overflowed is skipped
-            s.scaler.unscale_(optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))
-        if s.scaler:
-            s.scaler.step(optimizer)
-            s.scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = clip_and_step(s)
         state.step += 1
         if state.step < max_steps:
             s.batches.prefetch()  # the host reads the next step's windows while the device runs this one
@@ -458,6 +444,33 @@ def fit(
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved")
+
+
+def log_step_0(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, emb0) -> None:
+    """The step-0 evaluation and geometry, and the expected final-evaluation time, timed from the former."""
+    c, t = s.config, s.config.train
+    start = time.perf_counter()
+    log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
+    pace = 2 * t.eval_batches * t.batch_size * c.model.block_size / (time.perf_counter() - start)
+    splits = ["val", "train", *(["test"] if c.eval.test else [])]
+    world = distributed.world_size()  # the final evaluation is sharded across the ranks
+    progress.plain(expected_line(s.corpus, splits, c.model.block_size, c.eval.max_tokens, pace * world))
+    record_geometry(s, run, emb0, 0)
+
+
+def clip_and_step(s: Setup) -> torch.Tensor:
+    """Clip the global gradient norm and step the optimizer; returns the norm before clipping."""
+    optimizer = s.optimizer
+    if s.scaler:  # fp16: clip the true gradients; a step whose gradients overflowed is skipped
+        s.scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), s.config.train.grad_clip or float("inf"))
+    if s.scaler:
+        s.scaler.step(optimizer)
+        s.scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
 
 MIN_GPU_BATCH_TOKENS = 16384  # below this a rank's micro-batch leaves a GPU waiting on the host's kernel launches

@@ -95,9 +95,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     out = out or default_out(paths)
     check_out(out)
     runs, groups, skipped, twins = load_groups(paths)
-    families, family_source = (
-        (chosen, "--family") if chosen is not None else claims.declared_families([r.path for r in runs])
-    )
+    families, family_source = (chosen, "--family") if chosen else claims.declared_families([r.path for r in runs])
     if axis != DEFAULT_BASELINE:
         axis.check(groups)
     candidates = groups  # before --select: gate reads whether a learning rate was chosen from a grid
@@ -140,21 +138,25 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
             rows,
             claim_rows,
             skipped,
-            {
-                **labels(top, shown, found),
-                "sesoi": sesoi,
-                "target_loss": options.target_loss,
-                "select": list(options.select),
-                "multiple_comparisons": "holm",
-                "scope": scope,
-                "families": claims.family_rows(claim_rows),
-                "family_source": family_source,
-                "not_selected": [dataclasses.asdict(d) for d in dropped],
-            },
+            labels(top, shown, found) | settings(sesoi, options, scope, claim_rows, family_source, dropped),
         ),
     )
     console.print(f"report written to {out}")
     return out
+
+
+def settings(sesoi: dict, options: Options, scope: dict, claim_rows, family_source: str, dropped) -> dict:
+    """results.json's record of how the report was made: SESOIs, target, --select, families, scope."""
+    return {
+        "sesoi": sesoi,
+        "target_loss": options.target_loss,
+        "select": list(options.select),
+        "multiple_comparisons": "holm",
+        "scope": scope,
+        "families": claims.family_rows(claim_rows),
+        "family_source": family_source,
+        "not_selected": [dataclasses.asdict(d) for d in dropped],
+    }
 
 
 def labelled(groups, candidates, claim_rows, comparisons, select: tuple[str, ...]):
