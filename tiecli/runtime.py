@@ -1,7 +1,7 @@
 # Used by `tiecli train` and `tiecli eval`: where the model runs, in which precision, compiled or not.
 """Device, precision and compilation choices, resolved once per command.
 
-The `auto` choices follow measurements, listed in README's Performance section and repeatable with
+The `auto` choices follow measurements, listed in docs/performance.md and repeatable with
 benchmarks/throughput.py:
   dtype    bf16 autocast on CUDA where the GPU has native bf16 (else fp16 with a gradient scaler, or
            fp32 before Volta) and on CPUs with native bf16 instructions (AVX512-BF16 or AMX), where
@@ -26,12 +26,12 @@ from tiecli.data import cache_dir
 from tiecli.errors import TiecliError
 
 # Compiling repays itself after (compile time) / (time saved a step). On the idle 2-core CPU of
-# README's Performance section (tiecli 0.2, whole step compiled, bf16), the default model's step
+# docs/performance.md (tiecli 0.2, whole step compiled, bf16), the default model's step
 # took 119 ms compiled against 167 ms eager, 48 ms saved, and a cold compile (empty inductor
 # cache) cost 17-23 s: repaid after 365-490 steps, so 500. With a warm cache the compile costs
 # 2-5 s and repays within 150 steps. `benchmarks/throughput.py --defaults` measures it on any machine.
 COMPILE_MIN_STEPS_CPU = 500
-# On CUDA the same arithmetic with public figures (no GPU has run tiecli yet: docs/performance-gpu.md):
+# On CUDA the same arithmetic with public figures (no GPU has run tiecli yet: docs/performance.md):
 # nanoGPT's GPT-2 small step fell from about 250 to 135 ms on an A100 with torch.compile, about
 # 115 ms saved, and a cold compile of that model costs about a minute: repaid after ~500 steps.
 # A run of a few hundred steps (seconds to a minute of training) is faster eager.

@@ -8,8 +8,8 @@ agree they pick the same tokens, and the texts differ only where the models do.
 
 A key/value cache (model.KVCache) makes each new token one position through the model while the
 context fits block_size. Past it the window slides and every position's embedding changes, so each
-further token runs the model over the last block_size tokens, as training saw them. See README
-"tiecli sample" for what the cache saves at the shipped sizes.
+further token runs the model over the last block_size tokens, as training saw them. See docs/performance.md
+("Sampling: the key/value cache") for what the cache saves at the shipped sizes.
 """
 
 import codecs
