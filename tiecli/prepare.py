@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from tiecli import diagnostics, distributed
+from tiecli.batches import StepBatches, get_batch
 from tiecli.config import Config
-from tiecli.data import Corpus, StepBatches, get_batch, load_corpus
+from tiecli.data import Corpus, load_corpus
 from tiecli.errors import TiecliError
 from tiecli.model import GPT
 from tiecli.optim import make_optimizer

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tiecli.data import cache_dir
+from tiecli.corpus import cache_dir
 from tiecli.errors import TiecliError
 
 # Compiling repays itself after (compile time) / (time saved a step). On the idle 2-core CPU of
