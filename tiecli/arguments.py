@@ -161,3 +161,105 @@ class Split(str, Enum):
 class ExportTarget(str, Enum):
     hf = "hf"
     safetensors = "safetensors"
+
+
+# Each command's own options and arguments, named <Command><Option>.
+TrainName = Annotated[
+    str | None,
+    typer.Option(
+        help="Run directory name: letters, digits, . _ - and / to nest it in a folder "
+        "(default: the group choices, the seed and a hash of any other overrides)"
+    ),
+]
+EvalSplit = Annotated[
+    Split,
+    typer.Option(
+        help="Split to evaluate: val or test in full; train in full when it is at most "
+        "4 times the validation split, else a fixed evenly spaced subset of that size"
+    ),
+]
+EvalStep = Annotated[
+    str,
+    typer.Option(
+        help="latest (last.pt; recorded in eval.json), or a step with a full checkpoint "
+        "(train.keep_checkpoints keeps them): printed only"
+    ),
+]
+GeometryRun = Annotated[
+    Path | None, typer.Argument(help="A run directory (or --model PATH instead)", show_default=False)
+]
+GeometryModel = Annotated[
+    str | None,  # a str, not a Path: Path("") would read as "." and hide an empty value
+    typer.Option(
+        "--model",
+        help="A pretrained model instead of a run: a .gguf file or a Hugging Face folder with config.json and "
+        "*.safetensors; only its token matrices and vocabulary are read",
+    ),
+]
+GeometryStep = Annotated[
+    str,
+    typer.Option(help="latest (the last checkpoint), init (step 0), or a step with a snapshot in checkpoints/emb/"),
+]
+GeometryPairs = Annotated[
+    Path | None,
+    typer.Option(
+        help="Related word forms: a UTF-8 file, one tab-separated pair a line "
+        "(default: the run's diag.pairs; with --model, the shipped en)"
+    ),
+]
+GeometryOut = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --model: write DIR/pretrained.json, which `tiecli report DIR ...` shows as a reference row"
+    ),
+]
+ExportOutDir = Annotated[
+    Path, typer.Argument(help="Folder to write (created; refused if it holds files, unless --force)")
+]
+ExportTo = Annotated[
+    ExportTarget,
+    typer.Option(
+        help="hf: a transformers GPT2LMHeadModel folder with tokenizer.json; "
+        "safetensors: tiecli's own state dict with the run's config as metadata"
+    ),
+]
+SampleTemperature = Annotated[
+    float, typer.Option(help="Divide the logits by this; 0 always takes the most likely token")
+]
+SampleTopP = Annotated[
+    float, typer.Option(help="Sample among the fewest most likely tokens that reach this probability (1: all)")
+]
+SampleAsJson = Annotated[
+    bool, typer.Option("--json", help="Print JSON with the token ids and each token's log-probability")
+]
+SampleCompare = Annotated[
+    Path | None, typer.Option(help="A second run, sampled with the same prompt and seed, printed side by side")
+]
+SweepName = Annotated[
+    str | None,
+    typer.Option(
+        help="Sweep name, letters, digits and . _ - only: its folder is <runs-dir>/sweeps/<name> "
+        "(default: the study name, or built from the overrides)"
+    ),
+]
+SweepJobs = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        min=1,
+        help="Jobs to run at once on this machine (basic, submitit_local; default 1)",
+        show_default=False,
+    ),
+]
+ReportPaths = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        help="Run directories, sweep folders or any folders holding runs (default: runs/)", show_default=False
+    ),
+]
+ReportBaseline = Annotated[
+    str, typer.Option(help="KEY=VALUE picking the baseline among groups equal in every other key")
+]
+ReportOut = Annotated[
+    Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")
+]

@@ -16,28 +16,8 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
+from tiecli import arguments as opt
 from tiecli import display, rundir
-from tiecli.arguments import (
-    ConfigDir,
-    DryRun,
-    Estimate,
-    ExportTarget,
-    Family,
-    GpusPerJob,
-    LauncherName,
-    Multirun,
-    Nproc,
-    Overrides,
-    ReportRunsDir,
-    Resume,
-    RunsDir,
-    Select,
-    Sesoi,
-    Split,
-    StatusOf,
-    TargetLoss,
-    WriteEntry,
-)
 from tiecli.errors import ConfigError, TiecliError
 
 app = typer.Typer(
@@ -101,19 +81,13 @@ def main(
 
 @app.command()
 def train(
-    overrides: Overrides = None,
-    name: Annotated[
-        str | None,
-        typer.Option(
-            help="Run directory name: letters, digits, . _ - and / to nest it in a folder "
-            "(default: the group choices, the seed and a hash of any other overrides)"
-        ),
-    ] = None,
-    resume: Resume = False,
+    overrides: opt.Overrides = None,
+    name: opt.TrainName = None,
+    resume: opt.Resume = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
-    config_dir: ConfigDir = None,
-    nproc: Nproc = None,
-    multirun: Multirun = False,
+    config_dir: opt.ConfigDir = None,
+    nproc: opt.Nproc = None,
+    multirun: opt.Multirun = False,
 ):
     """Train one model and evaluate it into runs/<name>/.
 
@@ -149,21 +123,9 @@ def show_trained(path: Path, summary, run_config) -> None:
 @app.command("eval")
 def eval_(
     run: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/micro-tied-bpe4096-shakespeare-s0")],
-    split: Annotated[
-        Split,
-        typer.Option(
-            help="Split to evaluate: val or test in full; train in full when it is at most "
-            "4 times the validation split, else a fixed evenly spaced subset of that size"
-        ),
-    ] = Split.val,
-    step: Annotated[
-        str,
-        typer.Option(
-            help="latest (last.pt; recorded in eval.json), or a step with a full checkpoint "
-            "(train.keep_checkpoints keeps them): printed only"
-        ),
-    ] = "latest",
-    runs_dir: RunsDir = Path("runs"),
+    split: opt.EvalSplit = opt.Split.val,
+    step: opt.EvalStep = "latest",
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency on a split.
 
@@ -185,9 +147,9 @@ def eval_(
 
 @app.command()
 def info(
-    overrides: Overrides = None,
+    overrides: opt.Overrides = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML and a table")] = False,
-    config_dir: ConfigDir = None,
+    config_dir: opt.ConfigDir = None,
 ):
     """Show the composed config and the parameter count by part, without training.
 
@@ -215,37 +177,14 @@ def info(
 
 @app.command()
 def geometry(
-    run: Annotated[
-        Path | None, typer.Argument(help="A run directory (or --model PATH instead)", show_default=False)
-    ] = None,
-    model: Annotated[
-        str | None,  # a str, not a Path: Path("") would read as "." and hide an empty value
-        typer.Option(
-            "--model",
-            help="A pretrained model instead of a run: a .gguf file or a Hugging Face folder with config.json and "
-            "*.safetensors; only its token matrices and vocabulary are read",
-        ),
-    ] = None,
-    step: Annotated[
-        str,
-        typer.Option(help="latest (the last checkpoint), init (step 0), or a step with a snapshot in checkpoints/emb/"),
-    ] = "latest",
-    pairs: Annotated[
-        Path | None,
-        typer.Option(
-            help="Related word forms: a UTF-8 file, one tab-separated pair a line "
-            "(default: the run's diag.pairs; with --model, the shipped en)"
-        ),
-    ] = None,
+    run: opt.GeometryRun = None,
+    model: opt.GeometryModel = None,
+    step: opt.GeometryStep = "latest",
+    pairs: opt.GeometryPairs = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the entry as JSON instead of a table")] = False,
-    write: WriteEntry = False,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="With --model: write DIR/pretrained.json, which `tiecli report DIR ...` shows as a reference row"
-        ),
-    ] = None,
-    runs_dir: RunsDir = Path("runs"),
+    write: opt.WriteEntry = False,
+    out: opt.GeometryOut = None,
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Recompute the geometry of a run's token matrices from its checkpoint, or measure a pretrained model's.
 
@@ -305,18 +244,10 @@ def show_pretrained(model: Path, pairs: Path | None, out: Path | None, as_json: 
 @app.command()
 def export(
     run: Annotated[Path, typer.Argument(help="A run directory with a checkpoint")],
-    out_dir: Annotated[
-        Path, typer.Argument(help="Folder to write (created; refused if it holds files, unless --force)")
-    ],
-    to: Annotated[
-        ExportTarget,
-        typer.Option(
-            help="hf: a transformers GPT2LMHeadModel folder with tokenizer.json; "
-            "safetensors: tiecli's own state dict with the run's config as metadata"
-        ),
-    ] = ExportTarget.hf,
+    out_dir: opt.ExportOutDir,
+    to: opt.ExportTo = opt.ExportTarget.hf,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it already holds files")] = False,
-    runs_dir: RunsDir = Path("runs"),
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Export a run's last checkpoint for transformers (AutoModelForCausalLM) or as plain safetensors.
 
@@ -347,22 +278,14 @@ def sample(
     prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file")] = None,
     num_samples: Annotated[int, typer.Option(help="Samples to draw")] = 1,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate per sample")] = 200,
-    temperature: Annotated[
-        float, typer.Option(help="Divide the logits by this; 0 always takes the most likely token")
-    ] = 0.8,
+    temperature: opt.SampleTemperature = 0.8,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens only (0: every token)")] = 200,
-    top_p: Annotated[
-        float, typer.Option(help="Sample among the fewest most likely tokens that reach this probability (1: all)")
-    ] = 1.0,
+    top_p: opt.SampleTopP = 1.0,
     seed: Annotated[int, typer.Option(help="Seeds the samples: the same seed gives the same text")] = 0,
     step: Annotated[str, typer.Option(help="latest, or the step of the run's checkpoint")] = "latest",
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print JSON with the token ids and each token's log-probability")
-    ] = False,
-    compare: Annotated[
-        Path | None, typer.Option(help="A second run, sampled with the same prompt and seed, printed side by side")
-    ] = None,
-    runs_dir: RunsDir = Path("runs"),
+    as_json: opt.SampleAsJson = False,
+    compare: opt.SampleCompare = None,
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Generate text from a run's checkpoint (every tying mode); the same seed gives the same text.
 
@@ -392,32 +315,18 @@ def sample(
 
 @app.command()
 def sweep(
-    overrides: Overrides = None,
-    name: Annotated[
-        str | None,
-        typer.Option(
-            help="Sweep name, letters, digits and . _ - only: its folder is <runs-dir>/sweeps/<name> "
-            "(default: the study name, or built from the overrides)"
-        ),
-    ] = None,
-    jobs: Annotated[
-        int | None,
-        typer.Option(
-            "--jobs",
-            min=1,
-            help="Jobs to run at once on this machine (basic, submitit_local; default 1)",
-            show_default=False,
-        ),
-    ] = None,
-    launcher: LauncherName = "basic",
-    gpus_per_job: GpusPerJob = None,
-    status: StatusOf = None,
+    overrides: opt.Overrides = None,
+    name: opt.SweepName = None,
+    jobs: opt.SweepJobs = None,
+    launcher: opt.LauncherName = "basic",
+    gpus_per_job: opt.GpusPerJob = None,
+    status: opt.StatusOf = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder whose sweeps/ subfolder holds the sweep")] = Path(
         "runs"
     ),
-    config_dir: ConfigDir = None,
-    dry_run: DryRun = False,
-    estimate: Estimate = True,
+    config_dir: opt.ConfigDir = None,
+    dry_run: opt.DryRun = False,
+    estimate: opt.Estimate = True,
 ):
     """Train every combination of the swept overrides (a,b,c, range(0,3), glob(*), study=NAME), one process per job.
 
@@ -447,23 +356,14 @@ def sweep(
 
 @app.command()
 def report(
-    paths: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Run directories, sweep folders or any folders holding runs (default: runs/)", show_default=False
-        ),
-    ] = None,
-    baseline: Annotated[
-        str, typer.Option(help="KEY=VALUE picking the baseline among groups equal in every other key")
-    ] = "tying=untied",
-    out: Annotated[
-        Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")
-    ] = None,
-    select: Select = None,
-    sesoi: Sesoi = None,
-    target_loss: TargetLoss = None,
-    family: Family = None,
-    runs_dir: ReportRunsDir = Path("runs"),
+    paths: opt.ReportPaths = None,
+    baseline: opt.ReportBaseline = "tying=untied",
+    out: opt.ReportOut = None,
+    select: opt.Select = None,
+    sesoi: opt.Sesoi = None,
+    target_loss: opt.TargetLoss = None,
+    family: opt.Family = None,
+    runs_dir: opt.ReportRunsDir = Path("runs"),
 ):
     """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 
