@@ -20,7 +20,7 @@ import torch
 
 from tiecli import config, runtime
 from tiecli.model import GPT
-from tiecli.train import make_optimizer
+from tiecli.optim import make_optimizer
 
 
 def spin() -> None:

@@ -16,13 +16,15 @@ benchmarks/throughput.py:
 import contextlib
 import math
 import os
+import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from tiecli.data import cache_dir
+from tiecli.corpus import cache_dir
 from tiecli.errors import TiecliError
 
 # Compiling repays itself after (compile time) / (time saved a step). On the idle 2-core CPU of
@@ -234,3 +236,21 @@ def autocast_for(device: torch.device, dtype: str):
 def grad_scaler(device: torch.device, dtype: str) -> torch.amp.GradScaler | None:
     """fp16's loss scaling (its gradients underflow without it); None for bf16 and fp32, which need none."""
     return torch.amp.GradScaler(device.type) if dtype == "fp16" else None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has done the work queued so far (only log steps call it: it stalls the queue)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """summary.json's peak_memory: the most the device held during this session of the run.
+
+    CUDA: torch.cuda.max_memory_allocated (tensors; the caching allocator reserves somewhat more);
+    elsewhere the process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS), which
+    counts the model, the data pages read and Python itself."""
+    if device.type == "cuda":
+        return {"bytes": torch.cuda.max_memory_allocated(device), "of": "cuda max_memory_allocated"}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"bytes": rss if sys.platform == "darwin" else rss * 1024, "of": "process peak RSS"}
