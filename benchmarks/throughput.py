@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from tiecli import config, diagnostics, runtime, tokenizer
 from tiecli.model import GPT, Embeddings, GPTConfig
+from tiecli.pairs import form_pairs
 from tiecli.train import make_optimizer
 
 CONFIGS = {  # n_layer, n_embd, block, vocab, batch
@@ -324,7 +325,7 @@ def geometry_seconds(mode: str) -> float:
     emb, emb0 = Embeddings(cfg), Embeddings(cfg)
     counts = np.random.default_rng(0).zipf(1.3, cfg.vocab_size).clip(1, 10**9)
     buckets = np.random.default_rng(1).integers(0, 3, cfg.vocab_size).astype(np.int8)
-    pairs, info = diagnostics.form_pairs(tokenizer.gpt2(), None)
+    pairs, info = form_pairs(tokenizer.gpt2(), None)
     start = time.perf_counter()
     diagnostics.embedding_geometry(emb, emb0, counts, buckets, pairs, info, seed=0)
     return time.perf_counter() - start

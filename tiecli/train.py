@@ -30,6 +30,7 @@ from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, expected_line, final_windows
 from tiecli.model import GPT, Embeddings
+from tiecli.pairs import form_pairs
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
 from tiecli.runtime import (
     Threads,
@@ -152,11 +153,11 @@ def prepare(config: Config) -> Setup:
     # dropout's RNG, from the start of training: the weights have their own generators; each rank its own stream
     torch.manual_seed(config.seed + distributed.rank())
     # The whole forward, fused head and loss included, as one graph, whose backward AOTAutograd
-    # compiles too. The gradient split is part of that graph (model.py: _Fork), so diagnostics
+    # compiles too. The gradient split is part of that graph (head.py: Fork), so diagnostics
     # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
     forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
     wants_pairs = config.diag.geometry or config.diag.every > 0  # R3's geometry and R4's pair gradients
-    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
+    pairs, pairs_info = form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
     t, world, sampler = config.train, distributed.world_size(), torch.Generator().manual_seed(config.seed)
     micro, _ = distributed.rank_shape(t, world)
     batches = StepBatches(
