@@ -8,6 +8,7 @@ transformed the same way (so a bound never falls below -100%)."""
 
 import math
 import statistics
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,11 +53,27 @@ def mean_ci(values) -> Interval | None:
     return Interval(n, mean, sd, mean - half, mean + half)
 
 
-def _t(mean: float, null: float, se: float) -> float:
-    """The t statistic; with zero spread (identical values) +-inf, or 0 when the mean is the null."""
-    if se > 0:
-        return (mean - null) / se
-    return math.copysign(math.inf, mean - null) if mean != null else 0.0
+def _zero_spread_p(value: float, null: float, alternative: str) -> float:
+    """The t-test's p for identical values, the limit as the spread goes to 0: t is +-inf, or 0 at the null.
+
+    scipy's t is 0/0 (nan) there, or a rounding artefact when the mean is not exactly the value."""
+    t = math.copysign(math.inf, value - null) if value != null else 0.0
+    if alternative == "greater":
+        return float(stats.t.sf(t, 1))
+    if alternative == "less":
+        return float(stats.t.cdf(t, 1))
+    return float(2 * stats.t.sf(abs(t), 1))
+
+
+def _ttest_p(values: list[float], null: float, alternative: str = "two-sided") -> float:
+    """p of the one-sample t-test of the mean of values against null (scipy.stats.ttest_1samp)."""
+    if len(set(values)) == 1:
+        return _zero_spread_p(values[0], null, alternative)
+    with warnings.catch_warnings():
+        # scipy warns of precision loss when the values are nearly identical; the t it computes is still the
+        # test's, and a report prints nothing of the kind (it never did, with the t written out by hand).
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(stats.ttest_1samp(values, null, alternative=alternative).pvalue)
 
 
 def t_tests(values, sesoi: float | None) -> tuple[float | None, float | None]:
@@ -66,11 +83,10 @@ def t_tests(values, sesoi: float | None) -> tuple[float | None, float | None]:
     values = [v for v in values if v is not None]
     if len(values) < 2:
         return None, None
-    df, mean, se = len(values) - 1, statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values))
-    p = float(2 * stats.t.sf(abs(_t(mean, 0.0, se)), df))
+    p = _ttest_p(values, 0.0)
     if not sesoi:
         return p, None
-    low_side, high_side = stats.t.sf(_t(mean, -sesoi, se), df), stats.t.cdf(_t(mean, sesoi, se), df)
+    low_side, high_side = _ttest_p(values, -sesoi, "greater"), _ttest_p(values, sesoi, "less")
     return p, float(min(1.0, 2 * max(low_side, high_side)))
 
 
