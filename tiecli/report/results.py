@@ -6,7 +6,7 @@ import io
 from collections import Counter
 from dataclasses import asdict
 
-from tiecli.report.claims import Outcome
+from tiecli.report.claims_stability import Outcome
 from tiecli.report.groups import Group
 from tiecli.report.load import Run
 from tiecli.report.stats import (
@@ -128,7 +128,7 @@ def result_rows(
 
 
 def divergence_rows(units: list[dict[str, Outcome]]) -> list[dict]:
-    """One row per run that C2 stability (divergence) pairs (claims.grid_pairs), unselected and diverged runs included."""
+    """One row per run that C2 stability (divergence) pairs (claims_stability.grid_pairs), unselected and diverged runs included."""
     return [
         {"kind": "divergence", "name": o.name, "tying": o.mode, "unit": o.unit, "train_lr": o.lr}
         | {"diverged": int(o.diverged), "divergence_why": o.why}
