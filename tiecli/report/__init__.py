@@ -30,6 +30,7 @@ from tiecli.report import (
     claims,
     claims_rules,
     claims_stability,
+    compare,
     gate,
     headline,
     load,
@@ -121,10 +122,10 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     scope = results.scope([r for g in groups for r in g.runs])
     groups, dropped = select(groups, options.select)
     axis = dataclasses.replace(axis, free=options.select)
-    comparisons = stats.compare(groups, axis, options.target_loss)
+    comparisons = compare.compare(groups, axis, options.target_loss)
     prepare(groups, comparisons, axis)
-    equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
-    compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
+    equal = {g.label: compare.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
+    compute = {g.label: compare.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
     claim_rows = claims.claims(
         groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid, families=families
     )
@@ -198,7 +199,7 @@ def labels(top: list[str], shown: list[claims_rules.Claim], found: dict[str, lis
     }
 
 
-def prepare(groups: list[Group], comparisons: list[stats.Comparison], axis: Baseline) -> None:
+def prepare(groups: list[Group], comparisons: list[compare.Comparison], axis: Baseline) -> None:
     """Each group's convergence target (its pair's; none for a baseline), statistics, figure panel and series."""
     targets = {c.group.label: c.target for c in comparisons}
     for g in groups:

@@ -34,8 +34,9 @@ from tiecli.report.claims_rules import (
 )
 from tiecli.report.claims_scaling import convergence_claims, data_claims, size_claims
 from tiecli.report.claims_stability import Outcome, divergence_claims, drift_claims, gap_claims, stability_claims
+from tiecli.report.compare import compare
 from tiecli.report.groups import Baseline, Group
-from tiecli.report.stats import ALPHA, compare, holm
+from tiecli.report.stats import ALPHA, holm
 
 
 def claims(

@@ -14,13 +14,9 @@ from tiecli.report.claims_rules import (
     missing,
     tested,
 )
+from tiecli.report.compare import Comparison
 from tiecli.report.groups import Group
-from tiecli.report.stats import (
-    Comparison,
-    ci_text,
-    mean_ci,
-    pair_excess,
-)
+from tiecli.report.stats import ci_text, mean_ci, pair_excess
 
 
 def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:

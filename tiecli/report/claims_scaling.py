@@ -13,16 +13,9 @@ from tiecli.report.claims_rules import (
     missing,
     tested,
 )
+from tiecli.report.compare import Comparison, budget_target, budget_tokens
 from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group
-from tiecli.report.stats import (
-    Comparison,
-    budget_target,
-    budget_tokens,
-    ci_text,
-    mean_ci,
-    ppl_change,
-    slope,
-)
+from tiecli.report.stats import ci_text, mean_ci, ppl_change, slope
 
 
 def convergence_claims(pairs: list[Comparison], axis: Baseline, same_size: str, target: float | None) -> list[Claim]:

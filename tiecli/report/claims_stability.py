@@ -18,11 +18,11 @@ from tiecli.report.claims_rules import (
     missing,
     tested,
 )
+from tiecli.report.compare import Comparison
 from tiecli.report.groups import Baseline, Group, ignored
 from tiecli.report.load import DivergedRun
 from tiecli.report.stats import (
     EARLY_FRACTION,
-    Comparison,
     Interval,
     ci_text,
     diverged,

@@ -4,9 +4,10 @@ verdicts below can be read as results (report.gate). Every number is one the tab
 
 import tiecli.report.gate as gate
 from tiecli.report.claims_rules import Claim
+from tiecli.report.compare import Comparison, compare
 from tiecli.report.groups import GROUPS, Baseline, Group
 from tiecli.report.render import BULLET
-from tiecli.report.stats import Comparison, Interval, compare, mean_ci, ppl_change
+from tiecli.report.stats import Interval, mean_ci, ppl_change
 from tiecli.report.tables import corpus_label
 
 MAX_PAIRS = 4  # pairs named in the main difference; the rest are in the tables

@@ -7,21 +7,10 @@ from collections import Counter
 from dataclasses import asdict
 
 from tiecli.report.claims_stability import Outcome
+from tiecli.report.compare import Comparison, EqualParams
 from tiecli.report.groups import Group
 from tiecli.report.load import Run
-from tiecli.report.stats import (
-    METRICS,
-    Comparison,
-    EqualParams,
-    Interval,
-    embedding_share,
-    final_loss,
-    gap,
-    gap_at,
-    mean_ci,
-    reach,
-    run_values,
-)
+from tiecli.report.stats import METRICS, Interval, embedding_share, final_loss, gap, gap_at, mean_ci, reach, run_values
 
 
 def _flat_ci(prefix: str, ci: Interval | None) -> dict:

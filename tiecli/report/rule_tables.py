@@ -4,9 +4,10 @@
 only when some group has its data."""
 
 from tiecli.display import num as _num
+from tiecli.report.compare import Comparison, EqualParams
 from tiecli.report.groups import Group, NotSelected
 from tiecli.report.render import TableSpec
-from tiecli.report.stats import MIN_EVALS, Comparison, EqualParams, Interval, ci_text, gap, mean_ci, reach
+from tiecli.report.stats import MIN_EVALS, Interval, ci_text, gap, mean_ci, reach
 
 
 def _mean(ci: Interval | None, spec: str = ".3g") -> str:

@@ -8,21 +8,13 @@ from collections.abc import Sequence
 
 from tiecli.display import num as _num
 from tiecli.report.claims_rules import VERDICT_RULE, Claim
+from tiecli.report.compare import Comparison, EqualParams
 from tiecli.report.gate import RULE as GATE_RULE
 from tiecli.report.groups import Group
 from tiecli.report.load import Run, Skipped
 from tiecli.report.reference import Reference
 from tiecli.report.render import TableSpec
-from tiecli.report.stats import (
-    EARLY_FRACTION,
-    SPIKE_FACTOR,
-    SPIKE_WINDOW,
-    Comparison,
-    EqualParams,
-    Interval,
-    ci_text,
-    embedding_share,
-)
+from tiecli.report.stats import EARLY_FRACTION, SPIKE_FACTOR, SPIKE_WINDOW, Interval, ci_text, embedding_share
 
 # Two diagnostics tables, so that each fits a terminal: training dynamics, then end-of-training geometry.
 DYNAMICS_COLUMNS = (
