@@ -7,7 +7,8 @@ Reads run directories only through rundir.RunReader (config, overrides, summary,
 geometry); never imports torch. The steps, one module each:
   load     which folders are runs; each usable run as a typed `Run`, or the reason it is skipped
   groups   runs into `Group`s (one setting, several seeds), their labels, --select, the `Baseline`
-  stats    intervals and tests over seeds, comparisons with the baseline, convergence, equal parameters and compute
+  stats    intervals and tests over seeds, each run's values and convergence
+  compare  each group against the baseline: paired by seed, at equal parameters and equal compute
   claims   a verdict on each claim, one tying mode against another, Holm-corrected: claims_rules (texts, rules,
            the row), claims_embedding / claims_scaling / claims_stability (the rows, by family of claim)
   gate     the verdicts labelled pilot or withheld when the runs cannot carry them, and why
