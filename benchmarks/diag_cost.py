@@ -21,6 +21,7 @@ from throughput import CONFIGS, DEVICE, sync, tiecli_variant, timed
 
 from tiecli import diagnostics, tokenizer
 from tiecli.model import GPT, GPTConfig
+from tiecli.pairs import form_pairs
 
 REPEATS = 5
 EVERY = 10  # diag.every's default: one statistics call per 10 training steps
@@ -28,7 +29,7 @@ EVERY = 10  # diag.every's default: one statistics call per 10 training steps
 
 def related_pairs(V: int, n: int) -> list[tuple[int, int]]:
     if V >= 50257:  # GPT-2's vocabulary: the shipped pairs, as a default run uses them
-        return diagnostics.form_pairs(tokenizer.gpt2(), "en")[0]
+        return form_pairs(tokenizer.gpt2(), "en")[0]
     g = np.random.default_rng(0)
     a, b = g.integers(V, size=n), g.integers(V, size=n)
     return [(int(x), int(y)) for x, y in zip(a, b) if x != y]

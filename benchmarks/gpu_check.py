@@ -1,7 +1,7 @@
 # python benchmarks/gpu_check.py [--out gpu_check.json] [--runs-dir DIR]   (one CUDA GPU, under 8 minutes; skips elsewhere)
 """A device check in one command: the CUDA paths of tiecli that CPU tests cannot reach, with throughput and MFU.
 
-1. the fused head (model.linear_cross_entropy) against F.cross_entropy on GPT-2's shape (50,257 x 768)
+1. the fused head (head.linear_cross_entropy) against F.cross_entropy on GPT-2's shape (50,257 x 768)
    under bf16 autocast, loss and gradients; and compiled against eager, at 8 chunks (traced into the
    graph) and at 16 (the tiecli::fused_head operator);
 2. GPT-2 small (`tiecli train model=gpt2 tokenizer=gpt2`, compile, bf16) at a GPU batch of 16 x 1024
@@ -50,7 +50,7 @@ PEAK_TFLOPS = {
 }
 RESUME_TOL = 1e-3  # max abs difference of any weight after 40 steps, straight vs stopped and resumed
 WARM_STEPS = 20  # metrics.jsonl intervals ending at or before this step hold the cold compile: not steady
-HEAD_ROWS = {"traced": 4096, "operator": 8192}  # 8 and 16 chunks of 512 rows at V = 50,257 (model.py)
+HEAD_ROWS = {"traced": 4096, "operator": 8192}  # 8 and 16 chunks of 512 rows at V = 50,257 (head.py)
 HEAD_LOSS_TOL, HEAD_GRAD_TOL = 2e-3, 2e-2  # relative; bf16 matmuls on both sides, in another order
 MODE_LOSS_TOL = 2e-2  # compiled vs eager loss of one step, relative, under bf16
 GPT2 = ["model=gpt2", "tokenizer=gpt2", "compile=true", "dtype=bf16", "train.batch_size=16", "train.max_steps=150"]
@@ -205,7 +205,7 @@ def resume_row(runs: Path, names: dict[str, str], check: str) -> dict:
 
 def head_rows(device: str = "cuda", V: int = 50257, C: int = 768, sizes: dict[str, int] = HEAD_ROWS) -> list[dict]:
     """The fused head at GPT-2's shape (V, C) under bf16: against F.cross_entropy, and compiled against eager."""
-    from tiecli.model import linear_cross_entropy
+    from tiecli.head import linear_cross_entropy
 
     g = torch.Generator(device=device).manual_seed(0)
     weight = (0.02 * torch.randn(V, C, device=device, generator=g)).requires_grad_()

@@ -7,7 +7,7 @@ operator with each chunk compiled on its own). Each runs in a fresh process: tie
 as `tiecli train` sets it up (compiled, bf16 where auto picks it), the first step (compile
 included), a step's memory (peak RSS during 3 steps above the RSS after the first, sampled every
 millisecond, glibc returning large blocks at once) and the best time a step over 2 rounds of 4.
-These figures chose model.py's HEAD_CHUNK_MIN_ROWS and HEAD_GRAPH_MAX_CHUNKS (docs/performance.md).
+These figures chose head.py's HEAD_CHUNK_MIN_ROWS and HEAD_GRAPH_MAX_CHUNKS (docs/performance.md).
 On a CUDA machine it measures the GPU (HEAD_CHUNK_ELEMENTS_CUDA, docs/performance.md), e.g.
 --grid b:512:graph,b:2048:graph; its memory column is then the device's peak allocation a step.
 """
@@ -27,12 +27,12 @@ def one(setting: str) -> None:
     import throughput as tp
     import torch
 
-    from tiecli import model
+    from tiecli import head
 
     cfg, rows, where = setting.split(":")
-    model.HEAD_CHUNK_ELEMENTS, model.HEAD_CHUNK_MIN_ROWS = 0, int(rows)  # exactly `rows` rows a chunk
-    model.HEAD_CHUNK_ELEMENTS_CUDA = 0
-    model.HEAD_GRAPH_MAX_CHUNKS = 10**6 if where == "graph" else 0
+    head.HEAD_CHUNK_ELEMENTS, head.HEAD_CHUNK_MIN_ROWS = 0, int(rows)  # exactly `rows` rows a chunk
+    head.HEAD_CHUNK_ELEMENTS_CUDA = 0
+    head.HEAD_GRAPH_MAX_CHUNKS = 10**6 if where == "graph" else 0
     v = tp.tiecli_variant(cfg, tying="tied")
     start = time.perf_counter()
     v.step()

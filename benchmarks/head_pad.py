@@ -1,7 +1,7 @@
 # python benchmarks/head_pad.py [--device cuda] [--rows 2048]
 """The fused head eager, forward and backward, at GPT-2's vocabulary: unpadded, padded to 50,304, one chunk.
 
-Times model.linear_cross_entropy on random (rows, 768) inputs and a (50,257, 768) matrix in fp32,
+Times head.linear_cross_entropy on random (rows, 768) inputs and a (50,257, 768) matrix in fp32,
 best of 3 after a warm-up; the lines say the padding and the rows a chunk of each setting.
 docs/performance.md has the figures.
 """
@@ -11,12 +11,12 @@ import time
 
 import torch
 
-from tiecli import model
+from tiecli import head
 
 
 def bench(device: torch.device, rows: int, pad: int, elements: int, label: str) -> None:
-    model.HEAD_PAD = {device.type: pad} if pad > 1 else {}
-    model.HEAD_CHUNK_ELEMENTS = model.HEAD_CHUNK_ELEMENTS_CUDA = elements
+    head.HEAD_PAD = {device.type: pad} if pad > 1 else {}
+    head.HEAD_CHUNK_ELEMENTS = head.HEAD_CHUNK_ELEMENTS_CUDA = elements
     V, C = 50257, 768
     g = torch.Generator().manual_seed(0)
     h = torch.randn(rows, C, generator=g).to(device).requires_grad_()
@@ -25,7 +25,7 @@ def bench(device: torch.device, rows: int, pad: int, elements: int, label: str) 
 
     def step() -> float:
         start = time.perf_counter()
-        model.linear_cross_entropy(h, w, y).backward()
+        head.linear_cross_entropy(h, w, y).backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
         h.grad = w.grad = None
@@ -33,7 +33,7 @@ def bench(device: torch.device, rows: int, pad: int, elements: int, label: str) 
 
     step()
     best = min(step() for _ in range(3))
-    chunk = model._chunk_rows(rows, -(-V // pad) * pad, device.type)
+    chunk = head._chunk_rows(rows, -(-V // pad) * pad, device.type)
     print(
         f"head fwd+bwd {rows} x {V:,} x {C} on {device}, pad {pad}, {chunk} rows a chunk ({label}): {best * 1000:,.0f} ms"
     )
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rows", type=int, default=2048)
     args = parser.parse_args()
-    device, cpu_elements = torch.device(args.device), model.HEAD_CHUNK_ELEMENTS
+    device, cpu_elements = torch.device(args.device), head.HEAD_CHUNK_ELEMENTS
     bench(device, args.rows, 1, cpu_elements, "CPU sizing, unpadded")
     bench(device, args.rows, 64, cpu_elements, "CPU sizing, padded to 50,304")
     bench(device, args.rows, 1, 2**27, "GPU sizing")

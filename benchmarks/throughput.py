@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from tiecli import config, diagnostics, runtime, tokenizer
 from tiecli.model import GPT, Embeddings, GPTConfig
 from tiecli.optim import make_optimizer
+from tiecli.pairs import form_pairs
 
 CONFIGS = {  # n_layer, n_embd, block, vocab, batch
     "a": (4, 128, 128, 8192, 16),
@@ -324,7 +325,7 @@ def geometry_seconds(mode: str) -> float:
     emb, emb0 = Embeddings(cfg), Embeddings(cfg)
     counts = np.random.default_rng(0).zipf(1.3, cfg.vocab_size).clip(1, 10**9)
     buckets = np.random.default_rng(1).integers(0, 3, cfg.vocab_size).astype(np.int8)
-    pairs, info = diagnostics.form_pairs(tokenizer.gpt2(), None)
+    pairs, info = form_pairs(tokenizer.gpt2(), None)
     start = time.perf_counter()
     diagnostics.embedding_geometry(emb, emb0, counts, buckets, pairs, info, seed=0)
     return time.perf_counter() - start

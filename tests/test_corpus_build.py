@@ -14,8 +14,7 @@ from conftest import TINY, data_config
 from test_cli import one_line_error, tiecli
 
 from tiecli.corpus import corpus_path, load_documents
-from tiecli.diagnostics import pairs_file
-from tiecli.geometry import read_pairs_file
+from tiecli.pairs import pairs_file, read_pairs_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NODATA = [o for o in TINY if not o.startswith("data")]

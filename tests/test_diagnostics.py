@@ -7,10 +7,11 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import config, diagnostics, geometry, rundir, tokenizer, train
+from tiecli import config, diagnostics, rundir, tokenizer, train
 from tiecli.cli import app
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, GPTConfig
+from tiecli.pairs import form_pairs, pairs_file, read_pairs_file
 
 SHARED_MODES = ["tied", "tied_bias", "scaled", "partial", "hybrid"]
 
@@ -157,24 +158,24 @@ def test_permutation_null_needs_two_present_rows():
 
 def test_shipped_pairs_by_name():
     enc = tokenizer.gpt2()
-    pairs, info = diagnostics.form_pairs(enc, "en")
+    pairs, info = form_pairs(enc, "en")
     assert info["source"] == "en" and info["found"] == len(pairs) > 500
     assert info["skipped_lines"] < 50  # a few words GPT-2 splits in two
     words = {enc.decode([t]).strip() for pair in pairs for t in pair}
     assert {"walk", "walked", "king", "kings", "run", "ran", "good", "better", "happy", "happiness"} <= words
-    assert diagnostics.pairs_file("en") == config.default_config_dir() / "pairs" / "en.tsv"
+    assert pairs_file("en") == config.default_config_dir() / "pairs" / "en.tsv"
     with pytest.raises(TiecliError, match=r"no shipped pairs file 'xx' \(shipped: en, ru\); give a path such as ./xx"):
-        diagnostics.form_pairs(enc, "xx")
+        form_pairs(enc, "xx")
 
 
 def test_shipped_english_pairs_file_is_well_formed():
-    path = diagnostics.pairs_file("en")
+    path = pairs_file("en")
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
     assert len(lines) > 500
     assert all(len(line.split("\t")) == 2 and line == line.strip() for line in lines)
     assert len(set(lines)) == len(lines)
     vocab = {}  # every word its own token: nothing may be skipped
-    pairs, skipped = geometry.read_pairs_file(path, lambda w: [vocab.setdefault(w, len(vocab))])
+    pairs, skipped = read_pairs_file(path, lambda w: [vocab.setdefault(w, len(vocab))])
     assert skipped == 0 and len(pairs) == 2 * len(lines)  # bare and with a leading space
 
 

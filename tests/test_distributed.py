@@ -21,7 +21,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tiecli import config, distributed, model
+from tiecli import config, distributed
 from tiecli.cli import app
 from tiecli.config import TrainConfig
 from tiecli.errors import ConfigError
@@ -323,8 +323,8 @@ def test_gpu_check_in_process_checks_pass_on_cpu(monkeypatch):
     """The fused-head and tying-mode checks of gpu_check.py at a small shape on CPU (bf16 autocast, compiled):
     6 rows a chunk, so 48 rows are traced into the graph (8 chunks) and 96 go through the operator (16)."""
     g = gpu_check()
-    monkeypatch.setattr(model, "HEAD_CHUNK_ELEMENTS", 6 * 97)
-    monkeypatch.setattr(model, "HEAD_CHUNK_MIN_ROWS", 1)
+    monkeypatch.setattr("tiecli.head.HEAD_CHUNK_ELEMENTS", 6 * 97)
+    monkeypatch.setattr("tiecli.head.HEAD_CHUNK_MIN_ROWS", 1)
     head = g.head_rows("cpu", V=97, C=32, sizes={"traced": 48, "operator": 96})
     assert [r["check"] for r in head] == [
         "fused head 48 rows: eager vs F.cross_entropy",
@@ -339,7 +339,7 @@ def test_gpu_check_in_process_checks_pass_on_cpu(monkeypatch):
 
 
 # A micro-batch of 130 windows of 32 tokens at GPT-2's 50,257 tokens: 4,160 rows in chunks of 512,
-# 9 chunks > model.HEAD_GRAPH_MAX_CHUNKS, so the compiled step calls the tiecli::fused_head operator.
+# 9 chunks > head.HEAD_GRAPH_MAX_CHUNKS, so the compiled step calls the tiecli::fused_head operator.
 OPERATOR = ["tokenizer=gpt2", "train.batch_size=130", "train.max_steps=2", "train.log_interval=1", "diag.every=1"]
 
 

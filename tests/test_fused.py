@@ -1,11 +1,12 @@
-"""The fused linear + cross-entropy head (tiecli/model.py) against the plain path, and the gradient split it feeds."""
+"""The fused linear + cross-entropy head (tiecli/head.py) against the plain path, and the gradient split it feeds."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tiecli import diagnostics, model
-from tiecli.model import GPT, TYING_MODES, GPTConfig, linear_cross_entropy
+from tiecli import diagnostics, head
+from tiecli.head import linear_cross_entropy
+from tiecli.model import GPT, TYING_MODES, GPTConfig
 
 V, C, T = 97, 32, 16
 SHARED = ["tied", "tied_bias", "scaled", "partial", "hybrid"]
@@ -14,8 +15,8 @@ SHARED = ["tied", "tied_bias", "scaled", "partial", "hybrid"]
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """7 rows a chunk: the 48 rows of a batch span 7 chunks, the last one short."""
-    monkeypatch.setattr(model, "HEAD_CHUNK_ELEMENTS", 7 * V)
-    monkeypatch.setattr(model, "HEAD_CHUNK_MIN_ROWS", 1)
+    monkeypatch.setattr(head, "HEAD_CHUNK_ELEMENTS", 7 * V)
+    monkeypatch.setattr(head, "HEAD_CHUNK_MIN_ROWS", 1)
 
 
 def gpt(mode: str) -> GPT:
@@ -70,14 +71,14 @@ def test_padded_head_gives_the_unpadded_loss_and_gradients(mode, monkeypatch):
     m, (x, y) = gpt(mode), batch()
     runs = {}
     for pad in ({}, {"cpu": 64}):
-        monkeypatch.setattr(model, "HEAD_PAD", pad)
+        monkeypatch.setattr(head, "HEAD_PAD", pad)
         loss = m(x, y)
         loss.backward()
         with torch.no_grad():
             per_token = m(x, y, reduction="none")
         runs[bool(pad)] = loss, per_token, grads(m)
     (loss, per_token, g), (loss_p, per_token_p, g_p) = runs[False], runs[True]
-    assert model._padded(torch.zeros(50257, 2), 64).shape == (50304, 2)
+    assert head._padded(torch.zeros(50257, 2), 64).shape == (50304, 2)
     assert torch.allclose(loss_p, loss, rtol=1e-6) and torch.allclose(per_token_p, per_token, rtol=1e-6, atol=1e-6)
     for name, grad in g.items():
         assert g_p[name].shape == grad.shape and torch.allclose(g_p[name], grad, rtol=1e-5, atol=1e-7), name
@@ -141,9 +142,9 @@ def test_compiled_step_matches_eager_with_the_split(mode, in_graph, monkeypatch)
     """torch.compile of the whole forward (fused head, fork) in one graph: same loss, gradients and split,
     whether the head's 7 chunks are traced into the graph or run as the tiecli::fused_head operator
     (which compiles each chunk on its own the first time it runs); tied_bias with the head padded (97 -> 128)."""
-    monkeypatch.setattr(model, "HEAD_GRAPH_MAX_CHUNKS", 7 if in_graph else 6)
-    monkeypatch.setattr(model, "HEAD_PAD", {"cpu": 64} if mode == "tied_bias" else {})
-    monkeypatch.setattr(model, "_compiled_chunk", None)
+    monkeypatch.setattr(head, "HEAD_GRAPH_MAX_CHUNKS", 7 if in_graph else 6)
+    monkeypatch.setattr(head, "HEAD_PAD", {"cpu": 64} if mode == "tied_bias" else {})
+    monkeypatch.setattr(head, "_compiled_chunk", None)
     torch.compiler.reset()
     m, (x, y) = gpt(mode), batch()
     eager_loss = m(x, y)
@@ -155,7 +156,7 @@ def test_compiled_step_matches_eager_with_the_split(mode, in_graph, monkeypatch)
         grads(m)
         loss = compiled(x, y)
         loss.backward()
-    assert (model._compiled_chunk is None) == in_graph  # the operator ran, or the loop is in the graph
+    assert (head._compiled_chunk is None) == in_graph  # the operator ran, or the loop is in the graph
     assert torch.allclose(loss, eager_loss, rtol=1e-5)
     for a, b in zip(diagnostics.gradient_paths(m.emb), eager_split):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
@@ -165,17 +166,17 @@ def test_compiled_step_matches_eager_with_the_split(mode, in_graph, monkeypatch)
 
 def test_chunks_hold_about_a_fixed_number_of_logits_but_never_thin_rows(monkeypatch):
     """4M logits a chunk at a large vocabulary would be 83 rows at GPT-2's; the floor keeps 512."""
-    monkeypatch.setattr(model, "HEAD_CHUNK_ELEMENTS", 2**22)
-    monkeypatch.setattr(model, "HEAD_CHUNK_MIN_ROWS", 512)
-    assert model._chunk_rows(2048, 4096) == 1024  # 4M logits
-    assert model._chunk_rows(2048, 50304) == 512  # the floor, not 83
-    assert model._chunk_rows(100, 50304) == 100  # never more rows than there are
+    monkeypatch.setattr(head, "HEAD_CHUNK_ELEMENTS", 2**22)
+    monkeypatch.setattr(head, "HEAD_CHUNK_MIN_ROWS", 512)
+    assert head._chunk_rows(2048, 4096) == 1024  # 4M logits
+    assert head._chunk_rows(2048, 50304) == 512  # the floor, not 83
+    assert head._chunk_rows(100, 50304) == 100  # never more rows than there are
 
 
 def test_a_gpu_chunk_is_sized_by_its_memory_not_by_a_cpu_cache(monkeypatch):
     """On CUDA a chunk holds 2**27 logits: a 16k-token micro-batch at GPT-2's padded vocabulary is 7 chunks,
     within HEAD_GRAPH_MAX_CHUNKS (traced into the compiled step); the CPU's 4M logits would make it 32."""
-    monkeypatch.setattr(model, "HEAD_CHUNK_ELEMENTS", 2**22)
-    monkeypatch.setattr(model, "HEAD_CHUNK_MIN_ROWS", 512)
-    assert model._chunk_rows(16384, 50304, "cuda") == 2668 and model._chunk_rows(16384, 50304, "cpu") == 512
-    assert -(-16384 // model._chunk_rows(16384, 50304, "cuda")) <= model.HEAD_GRAPH_MAX_CHUNKS
+    monkeypatch.setattr(head, "HEAD_CHUNK_ELEMENTS", 2**22)
+    monkeypatch.setattr(head, "HEAD_CHUNK_MIN_ROWS", 512)
+    assert head._chunk_rows(16384, 50304, "cuda") == 2668 and head._chunk_rows(16384, 50304, "cpu") == 512
+    assert -(-16384 // head._chunk_rows(16384, 50304, "cuda")) <= head.HEAD_GRAPH_MAX_CHUNKS

@@ -9,6 +9,7 @@ import torch
 
 from tiecli import geometry
 from tiecli.errors import TiecliError
+from tiecli.pairs import english_form_pairs, read_pairs_file
 
 N, C = 2000, 32  # small enough that every test runs in milliseconds
 
@@ -93,6 +94,18 @@ def test_spearman_hand_computed_with_ties():
     assert geometry.spearman([1, 2, 2, 3], [10, 30, 20, 40]) == pytest.approx(math.sqrt(0.9))
     assert geometry.spearman([3, 1, 2], [30, 10, 20]) == pytest.approx(1.0)
     assert geometry.spearman([1, 1, 1], [1, 2, 3]) is None  # constant side: undefined
+
+
+def test_spearman_did_not_move_when_scipy_took_over():
+    """Values of the hand-written average-rank Spearman that geometry.spearman was before it called
+    scipy.stats.spearmanr, computed once with that code on these inputs (ties on both sides); scipy sums
+    in another order, so the last digit may differ."""
+    x, y = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4]
+    assert geometry.spearman(x, y) == pytest.approx(0.1384567651467695, rel=1e-12, abs=0)
+    assert geometry.spearman(np.array([0.5, 0.25, 0.125, 0.0625]), [7, 7, 3, 1]) == pytest.approx(
+        0.9486832980505138, rel=1e-12, abs=0
+    )
+    assert geometry.spearman([2, 2], [1, 5]) is None and geometry.spearman([1, 5], [3, 3]) is None
 
 
 def test_row_norms():
@@ -347,7 +360,7 @@ def test_english_form_pairs():
         (21, 23),
         (29, 30),
     ]
-    assert geometry.english_form_pairs(tokens) == expected
+    assert english_form_pairs(tokens) == expected
 
 
 def test_english_form_pairs_skip_word_pieces():
@@ -368,12 +381,12 @@ def test_english_form_pairs_skip_word_pieces():
         " used",
         " using",
     ]  # 11-13: e + d keeps "use", e-drop + ing would leave "us"
-    assert geometry.english_form_pairs(tokens) == [(11, 12)]
+    assert english_form_pairs(tokens) == [(11, 12)]
 
 
 def test_english_form_pairs_without_leading_spaces():
     tokens = ["walk", "walked", "cat", "cats", "er", "ers", "go", "goes", " 12", "ice", "iced"]
-    assert geometry.english_form_pairs(tokens) == [(0, 1), (2, 3), (9, 10)]  # "go" is too short
+    assert english_form_pairs(tokens) == [(0, 1), (2, 3), (9, 10)]  # "go" is too short
 
 
 def fake_encode(text):
@@ -395,7 +408,7 @@ def test_read_pairs_file(tmp_path):
         "cat\tcat\n",  # one token with itself says nothing: skipped
         encoding="utf-8",
     )
-    pairs, skipped = geometry.read_pairs_file(path, fake_encode)
+    pairs, skipped = read_pairs_file(path, fake_encode)
     assert pairs == [(1, 2), (3, 4), (5, 6)]
     assert skipped == 2
 
@@ -405,12 +418,12 @@ def test_read_pairs_file_rejects_malformed_line(tmp_path, bad):
     path = tmp_path / "pairs.tsv"
     path.write_text("# ok\nкошка\tкошки\n" + bad, encoding="utf-8")
     with pytest.raises(TiecliError, match=r"pairs\.tsv:3: "):
-        geometry.read_pairs_file(path, fake_encode)
+        read_pairs_file(path, fake_encode)
 
 
 def test_read_pairs_file_missing(tmp_path):
     with pytest.raises(TiecliError, match="pairs file"):
-        geometry.read_pairs_file(tmp_path / "nope.tsv", fake_encode)
+        read_pairs_file(tmp_path / "nope.tsv", fake_encode)
 
 
 # -----------------------------------------------------------------------------

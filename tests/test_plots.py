@@ -4,10 +4,10 @@ panel order, a colour and marker per group, whole-number step ticks, titles insi
 import pytest
 from test_report import write_run
 
-from tiecli import plots
-from tiecli.report import load
+from tiecli.report import load, plots
+from tiecli.report.compare import compare
 from tiecli.report.groups import SIZE_KEYS, Baseline, group_runs
-from tiecli.report.stats import compare, mean_ci
+from tiecli.report.stats import mean_ci
 
 # three sizes whose names sort, as text, unlike their parameter counts (micro < nano < small)
 SIZES = {

@@ -228,12 +228,12 @@ def test_smollm2_gguf(tmp_path):
 
 
 def test_reference_rows_join_the_geometry_table():
-    from tiecli.report import reference, render
+    from tiecli.report import reference, tables
 
     refs = [reference.Reference("pretrained, tied: m", "refs/m/pretrained.json", {"anisotropy_input": 0.4444})]
-    (table,) = render.diagnostics_tables([], refs)  # no run has geometry: the table still shows the reference
+    (table,) = tables.diagnostics_tables([], refs)  # no run has geometry: the table still shows the reference
     assert table.rows[-1][:2] == ["pretrained, tied: m", "0.444"] and "refs/m/pretrained.json" in table.note
-    assert render.diagnostics_tables([], []) == []
+    assert tables.diagnostics_tables([], []) == []
 
 
 @pytest.mark.slow

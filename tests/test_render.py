@@ -8,10 +8,11 @@ from test_report import sweep, write_run  # noqa: F401 (sweep: a fixture, nano a
 from typer.testing import CliRunner
 
 from tiecli.cli import app
-from tiecli.report import claims as report_claims
-from tiecli.report import load, render
+from tiecli.report import claims_rules, load
 from tiecli.report.groups import group_runs
 from tiecli.report.render import TableSpec
+from tiecli.report.tables import GEOMETRY_COLUMNS, pairs_warnings
+from tiecli.report.terminal import claims_summary, rich_table, rich_tables
 
 runner = CliRunner()
 
@@ -75,7 +76,7 @@ def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep)
     md = (sweep / "report" / "report.md").read_text()
     tables = markdown_tables(md)
     geometry = next(headers for title, headers in tables.items() if title.startswith("Geometry"))
-    assert [name for _, name in render.GEOMETRY_COLUMNS] == geometry[1:]
+    assert [name for _, name in GEOMETRY_COLUMNS] == geometry[1:]
     assert tables["Claims (tied vs untied, equal architecture unless stated)"] == [
         "claim",
         "comparison",
@@ -93,7 +94,7 @@ def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep)
 def test_the_terminal_claims_table_keeps_long_cells_readable_at_80_columns():
     """claim, comparison, verdict and measured in one table at 80 columns, no cell at a word a line; a row
     without data says what it needs where the measurement would be."""
-    long = report_claims.Claim(
+    long = claims_rules.Claim(
         "R5/C2 gap (equal fit)",
         "says",
         "nano tied train.lr=0.001 -> micro tied train.lr=0.001",
@@ -102,10 +103,10 @@ def test_the_terminal_claims_table_keeps_long_cells_readable_at_80_columns():
         "withheld: inconclusive",
         "why",
     )
-    empty = report_claims.missing("R5", "tied and untied runs at two or more values of tokens seen")
-    spec = render.claims_summary([long, empty])
+    empty = claims_rules.missing("R5", "tied and untied runs at two or more values of tokens seen")
+    spec = claims_summary([long, empty])
     assert spec.rows[1][2:] == ["no data", "needs tied and untied runs at two or more values of tokens seen"]
-    (table,) = render.rich_tables(spec, 80)
+    (table,) = rich_tables(spec, 80)
     text = printed([table])
     assert max(map(len, text.splitlines())) <= 80
     assert [lines for lines in table_cells(text) if crowded(lines)] == []
@@ -124,9 +125,7 @@ def wide_spec(n_columns: int = 10) -> TableSpec:
 
 def test_a_wide_table_is_split_in_balanced_parts_each_with_the_group_column():
     spec = wide_spec()
-    tables = render.rich_tables(
-        spec, 80
-    )  # "group" and 3 measures of 16 characters fit: 1 + (7 + 3) + 3 * (16 + 3) = 68
+    tables = rich_tables(spec, 80)  # "group" and 3 measures of 16 characters fit: 1 + (7 + 3) + 3 * (16 + 3) = 68
     assert len(tables) == 4
     headers = [[column.header for column in t.columns] for t in tables]
     assert all(h[0] == "group" for h in headers) and [c for h in headers for c in h[1:]] == spec.columns[1:]
@@ -142,10 +141,10 @@ def test_a_wide_table_is_split_in_balanced_parts_each_with_the_group_column():
 def test_the_printed_table_follows_the_console_width():
     spec = wide_spec()
     for width in (80, 120, 200):
-        text = printed([render.rich_table(spec)], width)
-        assert text == printed(render.rich_tables(spec, width), width)
+        text = printed([rich_table(spec)], width)
+        assert text == printed(rich_tables(spec, width), width)
         assert max(map(len, text.splitlines())) <= width and header_cells(text) == set(spec.columns)
-    assert len(render.rich_tables(spec, 250)) == 1 and render.rich_tables(spec, 250)[0].title == "A wide table"
+    assert len(rich_tables(spec, 250)) == 1 and rich_tables(spec, 250)[0].title == "A wide table"
 
 
 def test_a_text_table_folds_its_cells_and_keeps_its_headers():
@@ -166,7 +165,7 @@ def test_a_text_table_folds_its_cells_and_keeps_its_headers():
         ],
         text=True,
     )
-    tables = render.rich_tables(spec, 80)
+    tables = rich_tables(spec, 80)
     assert len(tables) == 1
     text = printed(tables)
     assert max(map(len, text.splitlines())) <= 80 and header_cells(text) == set(spec.columns)
@@ -206,7 +205,7 @@ def test_the_warning_says_which_seeds_and_why_no_pair_was_usable(tmp_path):
     with_pairs(tmp_path, "nano", "untied", 1, found, 25)
     write_run(tmp_path, "nano", "tied", 0)  # geometry without pairs information: nothing to warn about
     groups, _ = group_runs(load.load_runs([tmp_path])[0])
-    (spec,) = render.pairs_warnings(groups)
+    (spec,) = pairs_warnings(groups)
     assert spec.rows == [
         [
             "nano untied",
@@ -215,4 +214,4 @@ def test_the_warning_says_which_seeds_and_why_no_pair_was_usable(tmp_path):
         ]
     ]
     with_pairs(tmp_path / "fine", "nano", "untied", 0, found, 25)
-    assert render.pairs_warnings(group_runs(load.load_runs([tmp_path / "fine"])[0])[0]) == []
+    assert pairs_warnings(group_runs(load.load_runs([tmp_path / "fine"])[0])[0]) == []

@@ -753,3 +753,20 @@ def test_the_report_never_imports_torch(sweep, tmp_path):
 def test_help_gives_an_example():
     for command in ("report", "runs"):
         assert "Example: tiecli" in tiecli(command, "--help").output
+
+
+def test_t_tests_did_not_move_when_scipy_took_over():
+    """report.stats.t_tests against scipy's one-sample t-test and, to the last digits, against the values the
+    hand-written t statistic gave before t_tests called scipy.stats.ttest_1samp (computed once with that code
+    on these inputs); identical values keep the limit of the test (p 0 off the null, 1 on it)."""
+    from tiecli.report.stats import t_tests
+
+    values = [0.031, -0.012, 0.047, 0.022, 0.009]
+    p, p_equiv = t_tests(values, 0.02)
+    assert p == pytest.approx(0.12418325425066662, rel=1e-12, abs=0) == stats.ttest_1samp(values, 0).pvalue
+    assert p_equiv == pytest.approx(0.9550022559108232, rel=1e-12, abs=0)
+    assert p_equiv == pytest.approx(tost(values, 0.02), rel=1e-12, abs=0)
+    assert t_tests(values, None) == (p, None) and t_tests([0.5], 0.02) == (None, None)
+    assert t_tests([0.01, 0.01, 0.01], 0.02) == (0.0, 0.0)  # inside +-sesoi with no spread: equivalent
+    assert t_tests([0.0, 0.0], 0.02) == (1.0, 0.0)
+    assert t_tests([0.05, 0.05], 0.02) == (0.0, 1.0) and t_tests([0.02, 0.02], 0.02) == (0.0, 1.0)

@@ -60,14 +60,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import tiktoken
 import torch
 
-from tiecli import checkpoint, distributed, geometry, rundir, tokenizer
-from tiecli.config import Config, default_config_dir
+from tiecli import checkpoint, distributed, geometry, rundir
+from tiecli.config import Config
 from tiecli.data import BUCKETS, load_corpus
 from tiecli.errors import TiecliError
 from tiecli.model import Embeddings
+from tiecli.pairs import form_pairs
 from tiecli.rundir import GeometryEntry
 
 
@@ -269,31 +269,6 @@ def pair_gradients(
     # the sd of pair_claimed - pair_claimed_null if the related pairs were matched random pairs
     sd = math.sqrt(q * (1 - q) * (1 / n_forms + 1 / n_null))
     return {"pair_n": n_forms, "pair_null_n": n_null, **stats, "pair_claimed_null_sd": sd}
-
-
-def pairs_file(name: str) -> Path:
-    """The pairs file that diag.pairs / --pairs names: a bare name (letters, digits, _ and -, as
-    "en") is a file shipped in conf/pairs/<name>.tsv; anything else is a path ("./en" for a file
-    called en)."""
-    if not name.replace("-", "").replace("_", "").isalnum():
-        return Path(name).expanduser()
-    shipped = default_config_dir() / "pairs"
-    path = shipped / f"{name}.tsv"
-    if not path.is_file():
-        choices = ", ".join(sorted(p.stem for p in shipped.glob("*.tsv")))
-        raise TiecliError(
-            f"no shipped pairs file {name!r} (shipped: {choices}); give a path such as ./{name} for your own file"
-        )
-    return path
-
-
-def form_pairs(enc: tiktoken.Encoding, path: str | None) -> tuple[list[tuple[int, int]], dict]:
-    """Related-form token pairs and where they came from: a shipped or user's file, else English suffix rules."""
-    if path is None:
-        pairs = geometry.english_form_pairs(tokenizer.token_strings(enc))
-        return pairs, {"source": "english suffix rules", "found": len(pairs)}
-    pairs, skipped = geometry.read_pairs_file(pairs_file(str(path)), enc.encode_ordinary)
-    return pairs, {"source": str(path), "found": len(pairs), "skipped_lines": skipped}
 
 
 @torch.no_grad()

@@ -71,7 +71,7 @@ def expected_line(
 
 def eval_batch_size(block_size: int) -> int:
     """Windows per evaluation batch: about EVAL_TOKENS tokens, whatever the vocabulary, since the fused
-    head (model.py: linear_cross_entropy) never holds more than a chunk of the (tokens, V) logits."""
+    head (head.py: linear_cross_entropy) never holds more than a chunk of the (tokens, V) logits."""
     return max(1, EVAL_TOKENS // block_size)
 
 

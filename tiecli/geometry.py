@@ -21,13 +21,15 @@ Conventions shared by every function:
 """
 
 import math
+from collections.abc import Sequence
 from functools import cached_property
+from typing import Any
 
 import numpy as np
+import scipy.stats
 import torch
 
 from tiecli.data import BUCKETS
-from tiecli.errors import TiecliError
 
 N_PAIRS = 10_000  # random pairs per mean cosine: standard error = sd / 100 (4e-4 at C = 768)
 # k-NN query tokens. Each costs two (n, C) matvecs: 500 take ~0.7 s at n = 50257 on 2 cores,
@@ -38,12 +40,16 @@ MAX_SINGULAR_VALUES = 256  # enough to plot a spectrum; the derived ranks use al
 _CHUNK = 4096  # rows per float64 Gram block: 25 MB instead of a 300 MB float64 copy
 _QUERY_BLOCK = 256  # k-NN queries per block: a (256, n) similarity block is 50 MB at n = 50257
 
+Metrics = dict[str, Any]  # one metric family's results: plain floats, ints, lists or None, ready for JSON
+Pairs = Sequence[tuple[int, int]] | np.ndarray  # token-id pairs (P, 2)
+Counts = Sequence[int] | np.ndarray  # (V,) one number per token id: training-split counts, or buckets
+
 
 # -----------------------------------------------------------------------------
 # shared helpers
 
 
-def _occurring(counts):
+def _occurring(counts: Counts) -> np.ndarray:
     """Token ids with count > 0, as a (n,) int64 numpy array."""
     idx = np.flatnonzero(np.asarray(counts) > 0)
     if len(idx) < 2:
@@ -51,11 +57,11 @@ def _occurring(counts):
     return idx
 
 
-def _generator(seed):
+def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _gram64(a, b):
+def _gram64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a^T b in float64, one block of rows at a time."""
     out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64, device=a.device)  # (C, C)
     for i in range(0, a.shape[0], _CHUNK):
@@ -66,57 +72,57 @@ def _gram64(a, b):
 class _Rows:
     """The occurring rows of one matrix, plus what several metrics share (computed once)."""
 
-    def __init__(self, W, idx):
+    def __init__(self, W: torch.Tensor, idx: np.ndarray):
         self.x = W.detach()[torch.from_numpy(idx).to(W.device)].float()  # (n, C), a copy: W is never touched
 
     @property
-    def n(self):
+    def n(self) -> int:
         return self.x.shape[0]
 
     @cached_property
-    def unit(self):
+    def unit(self) -> torch.Tensor:
         return torch.nn.functional.normalize(self.x, dim=1)  # (n, C)
 
     @cached_property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         # by blocks: a float64 reduction down the columns of the whole matrix is ~15x slower
         total = sum(block.sum(0, dtype=torch.float64) for block in self.x.split(_CHUNK))  # (C,)
         return total / self.n
 
     @cached_property
-    def gram(self):
+    def gram(self) -> torch.Tensor:
         return _gram64(self.x, self.x)  # (C, C) = x^T x
 
     @cached_property
-    def eigh(self):
+    def eigh(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Eigenvalues (ascending) and eigenvectors (columns) of x^T x, float64."""
         return torch.linalg.eigh(self.gram)  # (C,), (C, C)
 
     @cached_property
-    def unit_gram(self):
+    def unit_gram(self) -> torch.Tensor:
         """u^T u of the unit rows, float32 blocks summed in float64: no entry of a unit row exceeds 1,
         so float32 products keep every eigenvalue ratio that isotropy and top_pc_share read (3x
         faster than _gram64; the spectrum, which needs s_k down to 1e-8 s_1, uses `gram`)."""
         return sum((block.T @ block).double() for block in self.unit.split(_CHUNK))  # (C, C)
 
     @cached_property
-    def unit_mean(self):
+    def unit_mean(self) -> torch.Tensor:
         return sum(block.sum(0, dtype=torch.float64) for block in self.unit.split(_CHUNK)) / self.n  # (C,)
 
     @cached_property
-    def centred_gram(self):
+    def centred_gram(self) -> torch.Tensor:
         """(x - mean)^T (x - mean) = x^T x - n mean mean^T, float64 so the subtraction is exact
         enough even when a large common vector dominates the rows."""
         return self.gram - self.n * torch.outer(self.mean, self.mean)  # (C, C)
 
 
-def _pair_cosine(unit, i, j):
+def _pair_cosine(unit: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> float:
     """Mean cosine of rows i[k] and j[k]; `unit` has unit rows."""
     i, j = i.to(unit.device), j.to(unit.device)
     return (unit[i] * unit[j]).sum(1, dtype=torch.float64).mean().item()
 
 
-def _random_pair_cosine(rows, n_pairs, seed):
+def _random_pair_cosine(rows: _Rows, n_pairs: int, seed: int) -> float:
     """Mean cosine of n_pairs uniform random pairs of distinct rows."""
     g = _generator(seed)
     i = torch.randint(rows.n, (n_pairs,), generator=g)
@@ -125,35 +131,20 @@ def _random_pair_cosine(rows, n_pairs, seed):
     return _pair_cosine(rows.unit, i, j)
 
 
-def _average_ranks(x):
-    """1-based ranks of x, tied values sharing the mean of their ranks:
-    [5, 1, 5] -> [2.5, 1, 2.5]."""
-    order = np.argsort(x, kind="stable")
-    xs = x[order]
-    new = np.r_[True, xs[1:] != xs[:-1]]  # (n,) True where a tie group starts, in sorted order
-    starts = np.flatnonzero(new)
-    ends = np.r_[starts[1:], len(x)]
-    group = np.cumsum(new) - 1  # tie group of each sorted position
-    ranks = np.empty(len(x))
-    ranks[order] = ((starts + ends + 1) / 2)[group]  # mean of ranks starts+1 .. ends
-    return ranks
-
-
-def spearman(x, y):
-    """Spearman rank correlation with average ranks for ties: the Pearson correlation of the
-    ranks. None when either side is constant (undefined)."""
-    rx = _average_ranks(np.asarray(x, dtype=np.float64))
-    ry = _average_ranks(np.asarray(y, dtype=np.float64))
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denom = math.sqrt((rx @ rx) * (ry @ ry))
-    return float(rx @ ry / denom) if denom > 0 else None
+def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float | None:
+    """Spearman rank correlation with average ranks for ties (scipy.stats.spearmanr): the Pearson
+    correlation of the ranks. None when either side is constant (undefined)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(scipy.stats.spearmanr(x, y).statistic)
 
 
 # -----------------------------------------------------------------------------
 # per-matrix metrics (internal versions take _Rows so measure() can share the Gram matrix)
 
 
-def _row_norms(rows, counts_occ):
+def _row_norms(rows: _Rows, counts_occ: np.ndarray) -> Metrics:
     norms = rows.x.norm(dim=1).double()  # (n,)
     return {
         "norm_mean": norms.mean().item(),
@@ -165,7 +156,7 @@ def _row_norms(rows, counts_occ):
     }
 
 
-def row_norms(W, counts):
+def row_norms(W: torch.Tensor, counts: Counts) -> Metrics:
     """Row L2 norms over occurring tokens: mean, population std, min, max, and the Spearman
     correlation of norm with log token frequency (None when norms or counts are all equal).
     Keys: n_tokens, norm_mean, norm_std, norm_min, norm_max, norm_freq_spearman."""
@@ -179,14 +170,14 @@ def row_norms(W, counts):
 _MIN_UNIT_VARIANCE = 1e-6
 
 
-def _top_pc_share(rows):
+def _top_pc_share(rows: _Rows) -> float | None:
     centred = rows.unit_gram - rows.n * torch.outer(rows.unit_mean, rows.unit_mean)  # (C, C)
     variances = torch.linalg.eigvalsh(centred)  # (C,) ascending
     total = variances.sum().item()
     return variances[-1].item() / total if total > _MIN_UNIT_VARIANCE * rows.n else None
 
 
-def _anisotropy(rows, n_pairs, seed):
+def _anisotropy(rows: _Rows, n_pairs: int, seed: int) -> Metrics:
     mean_dir = torch.nn.functional.normalize(rows.mean.to(rows.x.dtype), dim=0)  # (C,)
     return {
         "anisotropy": _random_pair_cosine(rows, n_pairs, seed),
@@ -195,7 +186,7 @@ def _anisotropy(rows, n_pairs, seed):
     }
 
 
-def anisotropy(W, counts, n_pairs=N_PAIRS, seed=0):
+def anisotropy(W: torch.Tensor, counts: Counts, n_pairs: int = N_PAIRS, seed: int = 0) -> Metrics:
     """Ethayarajh 2019: mean cosine of n_pairs random pairs of distinct occurring rows
     (~0 for an isotropic cloud, -> 1 in a narrow cone), and the mean cosine of each row to the
     mean row. Random-pair cosines miss a rank-1 cloud whose rows point both ways along one axis
@@ -207,7 +198,7 @@ def anisotropy(W, counts, n_pairs=N_PAIRS, seed=0):
     return {"n_tokens": len(idx), **_anisotropy(_Rows(W, idx), n_pairs, seed)}
 
 
-def _isotropy(rows):
+def _isotropy(rows: _Rows) -> Metrics:
     if not rows.x.any():  # an all-zero matrix has no directions to compare
         return {"isotropy": None}
     # Eigenvectors are defined up to sign, so both c and -c are taken: the result does not
@@ -221,7 +212,7 @@ def _isotropy(rows):
     return {"isotropy": math.exp(log_z.min().item() - log_z.max().item())}
 
 
-def isotropy(W, counts):
+def isotropy(W: torch.Tensor, counts: Counts) -> Metrics:
     """Mu & Viswanath 2018 on the occurring rows normalised to unit norm, u_i = w_i / |w_i|:
     I = min_c Z(c) / max_c Z(c), Z(c) = sum_i exp(c . u_i), c over the unit eigenvectors (both
     signs) of U^T U; exp(min log Z - max log Z) with logsumexp. On raw rows the measure reads the
@@ -234,7 +225,7 @@ def isotropy(W, counts):
     return {"n_tokens": len(idx), **_isotropy(_Rows(W, idx))}
 
 
-def _spectrum(rows, max_values):
+def _spectrum(rows: _Rows, max_values: int) -> Metrics:
     # Singular values of x are the square roots of the eigenvalues of x^T x; float64 keeps the
     # small ones accurate to ~1e-8 s_1, which is what effective rank needs.
     s = rows.eigh[0].flip(0).clamp_min(0).sqrt()[: min(rows.n, rows.x.shape[1])]  # (r,) desc
@@ -255,7 +246,7 @@ def _spectrum(rows, max_values):
     }
 
 
-def spectrum(W, counts, max_values=MAX_SINGULAR_VALUES):
+def spectrum(W: torch.Tensor, counts: Counts, max_values: int = MAX_SINGULAR_VALUES) -> Metrics:
     """Singular values s_1 >= s_2 >= ... of the occurring rows (the first max_values, for plots)
     and, from all of them: effective rank (Roy & Vetterli 2007) exp(-sum_k p_k log p_k) with
     p_k = s_k / sum s; stable rank |W|_F^2 / |W|_2^2 = sum s_k^2 / s_1^2; top share
@@ -265,12 +256,12 @@ def spectrum(W, counts, max_values=MAX_SINGULAR_VALUES):
     return {"n_tokens": len(idx), **_spectrum(_Rows(W, idx), max_values)}
 
 
-def _drift(rows, rows0, buckets_occ):
+def _drift(rows: _Rows, rows0: _Rows, buckets_occ: np.ndarray) -> Metrics:
     # per-row sums of C squares are exact enough in float32; the totals below are float64
     moved = (rows.x - rows0.x).pow(2).sum(1).double().cpu().numpy()  # (n,) |w - w0|^2
     size = rows0.x.pow(2).sum(1).double().cpu().numpy()  # (n,) |w0|^2
 
-    def ratio(mask):
+    def ratio(mask: np.ndarray) -> float | None:
         # None for an empty bucket, and for a zero init (e.g. a zero-initialised output layer)
         denom = size[mask].sum()
         return math.sqrt(moved[mask].sum() / denom) if mask.any() and denom > 0 else None
@@ -281,7 +272,7 @@ def _drift(rows, rows0, buckets_occ):
     return out
 
 
-def drift(W, W0, counts, buckets):
+def drift(W: torch.Tensor, W0: torch.Tensor, counts: Counts, buckets: Counts) -> Metrics:
     """Relative distance from initialisation, |W - W0|_F / |W0|_F over the occurring rows,
     overall and per frequency bucket (None for a bucket with no occurring rows).
     Keys: n_tokens, drift, drift_frequent, drift_mid, drift_rare."""
@@ -294,7 +285,7 @@ def drift(W, W0, counts, buckets):
 # agreement between the input and the output space
 
 
-def _knn(unit, queries, k):
+def _knn(unit: torch.Tensor, queries: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k nearest rows (cosine) of each query row, the query itself excluded."""
     queries = queries.to(unit.device)
     sims = unit[queries] @ unit.T  # (q, n)
@@ -302,7 +293,7 @@ def _knn(unit, queries, k):
     return sims.topk(k, dim=1).indices  # (q, k)
 
 
-def _agreement(rows_in, rows_out, k, n_queries, seed):
+def _agreement(rows_in: _Rows, rows_out: _Rows, k: int, n_queries: int, seed: int) -> Metrics:
     row_cos = (rows_in.unit * rows_out.unit).sum(1, dtype=torch.float64).mean().item()
 
     k = min(k, rows_in.n - 1)
@@ -310,7 +301,7 @@ def _agreement(rows_in, rows_out, k, n_queries, seed):
     shared = 0
     for q in queries.split(_QUERY_BLOCK):
         nn_in, nn_out = _knn(rows_in.unit, q, k), _knn(rows_out.unit, q, k)  # (q, k) each
-        shared += (nn_in[:, :, None] == nn_out[:, None, :]).sum().item()
+        shared += int((nn_in[:, :, None] == nn_out[:, None, :]).sum())
 
     # Linear CKA on column-centred X, Y: |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F), with
     # Y_c^T X_c = Y^T X - n mean_y mean_x^T so only the cross product needs a pass over rows.
@@ -329,7 +320,14 @@ def _agreement(rows_in, rows_out, k, n_queries, seed):
     }
 
 
-def agreement(W_in, W_out, counts, k=KNN_K, n_queries=N_QUERIES, seed=0):
+def agreement(
+    W_in: torch.Tensor,
+    W_out: torch.Tensor,
+    counts: Counts,
+    k: int = KNN_K,
+    n_queries: int = N_QUERIES,
+    seed: int = 0,
+) -> Metrics:
     """How alike the input and output spaces are, over occurring tokens:
     - row_cosine: mean over tokens of cos(W_in[i], W_out[i]);
     - knn_overlap: for n_queries sampled tokens, mean |N_in(i) & N_out(i)| / k where N(i) are
@@ -346,103 +344,12 @@ def agreement(W_in, W_out, counts, k=KNN_K, n_queries=N_QUERIES, seed=0):
 
 
 # -----------------------------------------------------------------------------
-# related word forms (claim R3)
-
-_VOWELS = frozenset("aeiouAEIOU")
-
-
-def _ends_cvc(word):
-    """Consonant-vowel-consonant ending (stop, plan), whose final consonant doubles."""
-    c3, v, c1 = word[-3:]
-    return c3 not in _VOWELS and v in _VOWELS and c1 not in _VOWELS and c1 not in "wxyWXY"
-
-
-def _inflections(word):
-    """Candidate inflected forms of an English word by a handful of suffix rules."""
-    forms = [word + "s", word + "ed", word + "ing"]  # walks, walked, walking
-    if word.endswith(("s", "x", "z", "ch", "sh", "o")):
-        forms.append(word + "es")  # boxes, goes
-    if word.endswith("e") and not word.endswith("ee"):
-        forms.append(word + "d")  # liked
-        if len(word) > 3:  # making keeps "mak"; a 3-letter base would pair the/thing, use/using
-            forms.append(word[:-1] + "ing")
-    if word.endswith("y") and word[-2] not in _VOWELS:
-        forms += [word[:-1] + "ied", word[:-1] + "ies"]  # tried, tries
-    if len(word) >= 3 and _ends_cvc(word):
-        forms += [word + word[-1] + "ed", word + word[-1] + "ing"]  # stopped, stopping
-    return forms
-
-
-def english_form_pairs(token_strings):
-    """Pairs (base id, form id) of single tokens that are forms of one English word:
-    + s / ed / ing, + es after s x z ch sh o, e-drop (make/making, like/liked), y -> ied / ies
-    after a consonant, doubled final consonant (stop/stopped). Heuristic, by design simple;
-    a curated pairs file (read_pairs_file) is the precise alternative.
-
-    Only ASCII alphabetic words containing a vowel (y counts: "try"). In a vocabulary with
-    GPT-2 style word tokens (" walk") only word-initial tokens count, since its bare pieces are
-    mostly word endings ("irement"/"irements"); otherwise bare words do. The base word must have
-    >= 3 letters, and the e-drop -ing form a base of >= 4: short bases are mostly word pieces
-    that the rules would pair with unrelated words (be/bed, wa/was, ke/king, the/thing).
-    "car" is not paired with "caring" or "cared" when "care" is a token too (the e-drop reading
-    wins). Sorted, unique. token_strings[i] is token i's text, or None."""
-    index = {}
-    for i, s in enumerate(token_strings):
-        if s is not None:
-            index.setdefault(s, i)  # decoders can map several ids to one string: keep the first
-    prefix = " " if any(s.startswith(" ") and s[1:].isalpha() for s in index) else ""
-
-    pairs = set()
-    for s, i in index.items():
-        word = s[len(prefix) :]
-        if not s.startswith(prefix) or len(word) < 3:
-            continue
-        if not (word.isascii() and word.isalpha() and set(word.lower()) & set("aeiouy")):
-            continue
-        e_word = prefix + word + "e" in index and not word.endswith("e")
-        for form in _inflections(word):
-            if e_word and form in (word + "ed", word + "ing"):
-                continue  # "caring" belongs to "care", not "car"
-            j = index.get(prefix + form)
-            if j is not None:
-                pairs.add((i, j))
-    return sorted(pairs)
-
-
-def read_pairs_file(path, encode):
-    """Related-form pairs from a UTF-8 file, one pair per line, two words separated by a tab
-    ("кошка<TAB>кошки"); '#' comment lines and blank lines are ignored. Each word pair is tried
-    as-is and with a leading space (both words the same way); a variant is kept when both words
-    encode to one token each, and to different tokens. Returns (unique pairs in file order,
-    number of pair lines that gave no pair). A line without exactly two non-empty tab-separated
-    words raises TiecliError naming the file and line."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.rstrip("\r\n") for line in f]  # only \n, \r\n, \r end a line
-    except (OSError, UnicodeDecodeError) as e:
-        raise TiecliError(f"cannot read pairs file {path}: {e}") from None
-
-    pairs, skipped = {}, 0  # dict as an ordered set
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        words = [w.strip() for w in line.split("\t")]
-        if len(words) != 2 or not all(words):
-            raise TiecliError(f"{path}:{lineno}: expected two tab-separated words, got {line!r}")
-        found = False
-        for prefix in ("", " "):
-            a, b = encode(prefix + words[0]), encode(prefix + words[1])
-            if len(a) == 1 and len(b) == 1 and a[0] != b[0]:
-                pairs[(a[0], b[0])] = None
-                found = True
-        skipped += not found
-    return list(pairs), skipped
-
+# related word forms (claim R3): pairs of token ids from tiecli/pairs.py
 
 N_DECILES = 10  # frequency classes of the matched baseline
 
 
-def _deciles(counts_occ):
+def _deciles(counts_occ: np.ndarray) -> np.ndarray:
     """(n,) decile 0..9 of each occurring token's log count. Edges at the 10%, ..., 90% quantiles,
     so equal counts share a decile (the many tokens seen once make one class, not several)."""
     log_counts = np.log(counts_occ)
@@ -450,14 +357,18 @@ def _deciles(counts_occ):
     return np.searchsorted(edges, log_counts, side="right")
 
 
-def _matched_random_cosine(unit, pair_rows, counts_occ, n_random, seed):
+def _matched_random_cosine(
+    unit: torch.Tensor, pair_rows: np.ndarray, counts_occ: np.ndarray, n_random: int, seed: int
+) -> float:
     """Mean cosine of frequency-matched random pairs (matched_random_pairs). Frequency alone moves
     cosines (frequent tokens share directions), so this is the baseline a related pair must beat."""
     i, j = matched_random_pairs(pair_rows, counts_occ, n_random, seed)
     return _pair_cosine(unit, torch.from_numpy(i), torch.from_numpy(j))
 
 
-def matched_random_pairs(pair_rows, counts_occ, n_random, seed):
+def matched_random_pairs(
+    pair_rows: np.ndarray, counts_occ: np.ndarray, n_random: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Frequency-matched random pairs as two (P * ceil(n_random / P),) arrays of positions among the
     occurring rows: for each related pair (i, j) of pair_rows (P, 2), equally many (ceil(n_random / P))
     pairs (i', j') with i' drawn uniformly from i's decile of log count and j' from j's, i' != j'.
@@ -476,8 +387,8 @@ def matched_random_pairs(pair_rows, counts_occ, n_random, seed):
     return order[start[d_i] + r_i], order[start[d_j] + r_j]
 
 
-def _pair_contrast(rows, pair_rows, counts_occ, n_random, seed):
-    out = {
+def _pair_contrast(rows: _Rows, pair_rows: np.ndarray, counts_occ: np.ndarray, n_random: int, seed: int) -> Metrics:
+    out: Metrics = {
         "forms_n_pairs": len(pair_rows),
         "forms_cosine": None,
         "forms_random_cosine": None,
@@ -498,7 +409,7 @@ def _pair_contrast(rows, pair_rows, counts_occ, n_random, seed):
     return out
 
 
-def _pair_rows(pairs, idx, vocab_size):
+def _pair_rows(pairs: Pairs, idx: np.ndarray, vocab_size: int) -> np.ndarray:
     """Token-id pairs -> (P, 2) unique positions among the occurring rows, dropping pairs with
     a token that does not occur and pairs of a token with itself."""
     pos = np.full(vocab_size, -1)
@@ -508,7 +419,9 @@ def _pair_rows(pairs, idx, vocab_size):
     return np.unique(p, axis=0)
 
 
-def related_and_matched_pairs(pairs, counts, n_random=N_PAIRS, seed=0):
+def related_and_matched_pairs(
+    pairs: Pairs, counts: Counts, n_random: int = N_PAIRS, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of the related pairs pair_contrast uses, (P, 2), and of their frequency-matched random
     pairs (matched_random_pairs), (P * ceil(n_random / P), 2): the same pairs for the same seed."""
     idx = _occurring(counts)
@@ -519,7 +432,7 @@ def related_and_matched_pairs(pairs, counts, n_random=N_PAIRS, seed=0):
     return idx[pair_rows], np.stack([idx[i], idx[j]], axis=1)
 
 
-def pair_contrast(W, pairs, counts, n_random=N_PAIRS, seed=0):
+def pair_contrast(W: torch.Tensor, pairs: Pairs, counts: Counts, n_random: int = N_PAIRS, seed: int = 0) -> Metrics:
     """Related-form contrast (R3) over the given token pairs whose two tokens occur (self-pairs
     and repeats dropped; forms_n_pairs counts the pairs used):
     - forms_cosine: mean cosine of the pairs;
@@ -540,7 +453,7 @@ def pair_contrast(W, pairs, counts, n_random=N_PAIRS, seed=0):
 # the full pass
 
 
-def _matrix_metrics(rows, counts_occ, pair_rows, seed):
+def _matrix_metrics(rows: _Rows, counts_occ: np.ndarray, pair_rows: np.ndarray, seed: int) -> Metrics:
     out = {**_row_norms(rows, counts_occ), **_anisotropy(rows, N_PAIRS, seed), **_isotropy(rows)}
     out.update(_spectrum(rows, MAX_SINGULAR_VALUES))
     # same n and seed as the anisotropy pairs, so forms_random_cosine == anisotropy
@@ -548,7 +461,16 @@ def _matrix_metrics(rows, counts_occ, pair_rows, seed):
     return out
 
 
-def measure(W_in, W_out, counts, buckets, W_in0=None, W_out0=None, pairs=(), seed=0):
+def measure(
+    W_in: torch.Tensor,
+    W_out: torch.Tensor,
+    counts: Counts,
+    buckets: Counts,
+    W_in0: torch.Tensor | None = None,
+    W_out0: torch.Tensor | None = None,
+    pairs: Pairs = (),
+    seed: int = 0,
+) -> dict[str, Any]:
     """The full geometry pass, run during training and by `tiecli geometry`. Returns
     {"n_tokens", "tied", "input": {...}, "output": {...}, "agreement": {...} or None}.
     Each side holds row_norms, anisotropy, isotropy, spectrum and pair_contrast keys (forms_n_pairs

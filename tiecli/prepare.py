@@ -7,13 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tiecli import diagnostics, distributed
+from tiecli import distributed
 from tiecli.batches import StepBatches, get_batch
 from tiecli.config import Config
 from tiecli.data import Corpus, load_corpus
 from tiecli.errors import TiecliError
 from tiecli.model import GPT
 from tiecli.optim import make_optimizer
+from tiecli.pairs import form_pairs
 from tiecli.runtime import autocast_for, compile_step, grad_scaler, pick_compile, pick_device, pick_dtype
 
 
@@ -58,11 +59,11 @@ def prepare(config: Config) -> Setup:
     # dropout's RNG, from the start of training: the weights have their own generators; each rank its own stream
     torch.manual_seed(config.seed + distributed.rank())
     # The whole forward, fused head and loss included, as one graph, whose backward AOTAutograd
-    # compiles too. The gradient split is part of that graph (model.py: _Fork), so diagnostics
+    # compiles too. The gradient split is part of that graph (head.py: Fork), so diagnostics
     # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
     forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
     wants_pairs = config.diag.geometry or config.diag.every > 0  # R3's geometry and R4's pair gradients
-    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
+    pairs, pairs_info = form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
     t, world, sampler = config.train, distributed.world_size(), torch.Generator().manual_seed(config.seed)
     micro, _ = distributed.rank_shape(t, world)
     batches = StepBatches(

@@ -11,7 +11,7 @@ Two formats:
 
 Token strings are turned into text with the vocabulary's own word-boundary marker read as a space:
 GPT-2's byte-level `Ġ` (every character stands for one byte) or SentencePiece's `▁`. Then the
-suffix rules and pairs files of tiecli/geometry.py see " walk" / " walked" as they do for a run.
+suffix rules and pairs files of tiecli/pairs.py see " walk" / " walked" as they do for a run.
 
 Token frequencies are not in these files, so every ordinary token counts once: the norm-frequency
 correlation is n/a (None), and control, unknown and unused tokens (padding, <unused0>, ...) are left
@@ -28,6 +28,7 @@ import torch
 
 from tiecli import geometry, rundir, tokenizer
 from tiecli.errors import TiecliError
+from tiecli.pairs import pairs_file, read_pairs_file
 from tiecli.report.reference import PRETRAINED_FILE, label
 
 GGUF_MAGIC = b"GGUF"
@@ -317,8 +318,6 @@ def read_hf(folder: Path) -> Pretrained:
 def form_pairs(model: Pretrained, pairs_path: Path | None) -> tuple[list[tuple[int, int]], dict]:
     """Related-form pairs: from a pairs file (each word looked up as one vocabulary token), else the shipped
     English pairs, as a run's default diag.pairs=en; none without a vocabulary."""
-    from tiecli.diagnostics import pairs_file
-
     if not any(model.tokens):
         return [], {"source": "none: the model has no vocabulary file", "found": 0}
     index: dict[str, int] = {}
@@ -326,7 +325,7 @@ def form_pairs(model: Pretrained, pairs_path: Path | None) -> tuple[list[tuple[i
         if s is not None and not model.left_out[i]:
             index.setdefault(s, i)
     source = str(pairs_path) if pairs_path else "en"
-    pairs, skipped = geometry.read_pairs_file(pairs_file(source), lambda s: [index[s]] if s in index else [])
+    pairs, skipped = read_pairs_file(pairs_file(source), lambda s: [index[s]] if s in index else [])
     return pairs, {"source": source, "found": len(pairs), "skipped_lines": skipped}
 
 
@@ -379,8 +378,6 @@ def geometry_of_model(path: Path, pairs_path: Path | None, out: Path | None) -> 
     """`tiecli geometry --model PATH`: read, measure, and with out write DIR/pretrained.json."""
     # a bad pairs file or --out fails before the minute a large model takes to read
     if pairs_path is not None:
-        from tiecli.diagnostics import pairs_file
-
         if not pairs_file(str(pairs_path)).is_file():
             raise TiecliError(f"--pairs {str(pairs_path)!r} does not exist")
     if out is not None and out.exists() and not out.is_dir():

@@ -7,11 +7,15 @@ Reads run directories only through rundir.RunReader (config, overrides, summary,
 geometry); never imports torch. The steps, one module each:
   load     which folders are runs; each usable run as a typed `Run`, or the reason it is skipped
   groups   runs into `Group`s (one setting, several seeds), their labels, --select, the `Baseline`
-  stats    intervals and tests over seeds, comparisons with the baseline, convergence, equal parameters and compute
-  claims   a verdict on each claim, one tying mode against another, Holm-corrected
+  stats    intervals and tests over seeds, each run's values and convergence
+  compare  each group against the baseline: paired by seed, at equal parameters and equal compute
+  claims   a verdict on each claim, one tying mode against another, Holm-corrected: claims_rules (texts, rules,
+           the row), claims_embedding / claims_scaling / claims_stability (the rows, by family of claim)
   gate     the verdicts labelled pilot or withheld when the runs cannot carry them, and why
   headline what was compared, the main difference, how far the runs got: the report's first lines
-  render   tables (terminal, markdown, html) and pages;  tables: the tables behind the claims' rules
+  tables   the tables every report has;  rule_tables  the tables behind the claims' rules
+  render   a table spec, report.md and report.html;  terminal  what the command prints
+  plots    the figures
   results  results.csv and results.json;  listing  `tiecli runs`
 
 Every rule is stated once, in stated_rules, and printed in every report and in results.json.
@@ -23,7 +27,22 @@ from pathlib import Path
 
 from tiecli import rundir
 from tiecli.errors import TiecliError
-from tiecli.report import claims, gate, headline, load, reference, render, results, stats, tables
+from tiecli.report import (
+    claims,
+    claims_rules,
+    claims_stability,
+    compare,
+    gate,
+    headline,
+    load,
+    reference,
+    render,
+    results,
+    rule_tables,
+    stats,
+    tables,
+    terminal,
+)
 from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select, units
 from tiecli.report.listing import runs_table
 
@@ -68,7 +87,7 @@ class Options:
             raise TiecliError(f"--target-loss {self.target_loss} must be a positive loss in nats")
         if any(axis.on_axis(key) for key in self.select):
             raise TiecliError(f"--select {', '.join(self.select)}: cannot select on the baseline's key {axis.key}")
-        return claims.parse_sesoi(list(self.sesoi))
+        return claims_rules.parse_sesoi(list(self.sesoi))
 
 
 def load_groups(paths: list[Path]):
@@ -87,7 +106,7 @@ def load_groups(paths: list[Path]):
 
 def report(paths: list[Path], baseline: str, out: Path | None, console, options: Options = Options()) -> Path:
     """Read, group, compare and judge the runs under paths; print the tables and write the report folder."""
-    from tiecli import plots  # matplotlib: loaded by `tiecli report`, not by `tiecli runs`
+    from tiecli.report import plots  # matplotlib: loaded by `tiecli report`, not by `tiecli runs`
 
     axis = Baseline.parse(baseline)
     sesoi = options.checked(axis)
@@ -100,30 +119,32 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
         axis.check(groups)
     candidates = groups  # before --select: gate reads whether a learning rate was chosen from a grid
     # before --select: the divergence row reads every learning rate, and the scope every run
-    grid = claims.outcomes(groups, [s.diverged for s in skipped if s.diverged])
+    grid = claims_stability.outcomes(groups, [s.diverged for s in skipped if s.diverged])
     scope = results.scope([r for g in groups for r in g.runs])
     groups, dropped = select(groups, options.select)
     axis = dataclasses.replace(axis, free=options.select)
-    comparisons = stats.compare(groups, axis, options.target_loss)
+    comparisons = compare.compare(groups, axis, options.target_loss)
     prepare(groups, comparisons, axis)
-    equal = {g.label: stats.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
-    compute = {g.label: stats.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
+    equal = {g.label: compare.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
+    compute = {g.label: compare.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
     claim_rows = claims.claims(
         groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid, families=families
     )
     found, shown, top = labelled(groups, candidates, claim_rows, comparisons, options.select)
-    added = tables.added_tables(groups, comparisons, compute, dropped, baseline)
+    added = rule_tables.added_tables(groups, comparisons, compute, dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
-    specs = render.build_tables(groups, comparisons, equal, shown, skipped, baseline, added, references)
+    specs = tables.build_tables(groups, comparisons, equal, shown, skipped, baseline, added, references)
     rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, family_source) | {"units": units(groups)}
     header = (
         f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
         f"baseline {baseline}; sources: {', '.join(map(str, paths))}; {results.scope_text(scope)}"
     )
-    for renderable in render.terminal(top, shown, specs, skipped, header, str(out / "report.md")):
+    for renderable in terminal.terminal(top, shown, specs, skipped, header, str(out / "report.md")):
         console.print(renderable)
     images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
-    rows = results.result_rows(groups, comparisons, equal, compute) + results.divergence_rows(claims.grid_pairs(grid))
+    rows = results.result_rows(groups, comparisons, equal, compute) + results.divergence_rows(
+        claims_stability.grid_pairs(grid)
+    )
     write(
         out,
         {
@@ -166,7 +187,7 @@ def labelled(groups, candidates, claim_rows, comparisons, select: tuple[str, ...
     return found, shown, headline.lines(groups, shown, found, comparisons, select)
 
 
-def labels(top: list[str], shown: list[claims.Claim], found: dict[str, list[gate.Condition]]) -> dict:
+def labels(top: list[str], shown: list[claims_rules.Claim], found: dict[str, list[gate.Condition]]) -> dict:
     """results.json's headline and labels: the strongest label, each condition that fired with its fix, each
     row's verdict as shown (the claims keep the verdicts their rules computed)."""
     return {
@@ -179,7 +200,7 @@ def labels(top: list[str], shown: list[claims.Claim], found: dict[str, list[gate
     }
 
 
-def prepare(groups: list[Group], comparisons: list[stats.Comparison], axis: Baseline) -> None:
+def prepare(groups: list[Group], comparisons: list[compare.Comparison], axis: Baseline) -> None:
     """Each group's convergence target (its pair's; none for a baseline), statistics, figure panel and series."""
     targets = {c.group.label: c.target for c in comparisons}
     for g in groups:
@@ -189,7 +210,7 @@ def prepare(groups: list[Group], comparisons: list[stats.Comparison], axis: Base
         g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
 
 
-def family_rules(rows: list[claims.Claim], source: str) -> dict[str, str]:
+def family_rules(rows: list[claims_rules.Claim], source: str) -> dict[str, str]:
     """Which tested rows form which Holm family, for the Rules section (and results.json's rules)."""
     where = {
         "default": "default: one family per claim, across the report's sizes, budgets and vocabularies",
@@ -213,7 +234,7 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
     ignored_keys = ", ".join(
         [*IGNORED_KEYS, *(p + "*" for p in IGNORED_PREFIXES), "train.max_steps when train.max_tokens is set"]
     )
-    margin = claims.margins(sesoi)
+    margin = claims_rules.margins(sesoi)
     target = (
         f"--target-loss {options.target_loss:g} for every pair"
         if options.target_loss is not None
@@ -250,7 +271,7 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "multiple comparisons": "Holm-Bonferroni correction on, within each family of the claims table's tested rows "
         "(tests against 0 and equivalence tests apart, each at 5% family-wise); verdicts use the adjusted p-values; the "
         "families are listed under families",
-        "verdict": claims.VERDICT_RULE,
+        "verdict": claims_rules.VERDICT_RULE,
         "verdict labels": gate.RULE,
-        **{f"claim {k}": v for k, v in claims.CLAIM_RULES.items()},
+        **{f"claim {k}": v for k, v in claims_rules.CLAIM_RULES.items()},
     }

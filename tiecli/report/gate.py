@@ -19,7 +19,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from tiecli.report.claims import LADDER, Claim
+from tiecli.report.claims_rules import LADDER, Claim
 from tiecli.report.groups import Baseline, Group
 
 PLATEAU_FRACTION = 0.5  # at most this multiple of the unigram perplexity: off the plateau

@@ -138,7 +138,7 @@ def label_groups(groups: list[Group]) -> None:
         group = key.split(".")[0]
         if group not in GROUPS:
             return False
-        by_choice = {}
+        by_choice: dict[object, set[str]] = {}
         for g in groups:
             by_choice.setdefault(g.choices.get(group), set()).add(json.dumps(g.setting.get(key)))
         return all(len(values) == 1 for values in by_choice.values())

@@ -2,11 +2,13 @@
 """What was compared, the main difference with its interval, how far the runs got, and whether the
 verdicts below can be read as results (report.gate). Every number is one the tables show too."""
 
-from tiecli.report import gate
-from tiecli.report.claims import Claim
+import tiecli.report.gate as gate
+from tiecli.report.claims_rules import Claim
+from tiecli.report.compare import Comparison, compare
 from tiecli.report.groups import GROUPS, Baseline, Group
-from tiecli.report.render import BULLET, corpus_label
-from tiecli.report.stats import Comparison, Interval, compare, mean_ci, ppl_change
+from tiecli.report.render import BULLET
+from tiecli.report.stats import Interval, mean_ci, ppl_change
+from tiecli.report.tables import corpus_label
 
 MAX_PAIRS = 4  # pairs named in the main difference; the rest are in the tables
 

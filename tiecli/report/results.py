@@ -6,22 +6,11 @@ import io
 from collections import Counter
 from dataclasses import asdict
 
-from tiecli.report.claims import Outcome
+from tiecli.report.claims_stability import Outcome
+from tiecli.report.compare import Comparison, EqualParams
 from tiecli.report.groups import Group
 from tiecli.report.load import Run
-from tiecli.report.stats import (
-    METRICS,
-    Comparison,
-    EqualParams,
-    Interval,
-    embedding_share,
-    final_loss,
-    gap,
-    gap_at,
-    mean_ci,
-    reach,
-    run_values,
-)
+from tiecli.report.stats import METRICS, Interval, embedding_share, final_loss, gap, gap_at, mean_ci, reach, run_values
 
 
 def _flat_ci(prefix: str, ci: Interval | None) -> dict:
@@ -128,7 +117,7 @@ def result_rows(
 
 
 def divergence_rows(units: list[dict[str, Outcome]]) -> list[dict]:
-    """One row per run that C2 stability (divergence) pairs (claims.grid_pairs), unselected and diverged runs included."""
+    """One row per run that C2 stability (divergence) pairs (claims_stability.grid_pairs), unselected and diverged runs included."""
     return [
         {"kind": "divergence", "name": o.name, "tying": o.mode, "unit": o.unit, "train_lr": o.lr}
         | {"diverged": int(o.diverged), "divergence_why": o.why}

@@ -1,0 +1,177 @@
+# Used by tiecli/report/claims.py: the claims about convergence and scale.
+"""Claim rows about how fast and how far training goes: steps to a target loss (R6, and the schedule-dependent
+reading), perplexity across model sizes (R5/C6 trend) and across tokens seen (R5)."""
+
+import math
+from typing import cast
+
+from tiecli.report.claims_rules import (
+    EPOCH_TOLERANCE,
+    LADDER,
+    TEXTS,
+    Claim,
+    missing,
+    tested,
+)
+from tiecli.report.compare import Comparison, budget_target, budget_tokens
+from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group
+from tiecli.report.stats import ci_text, mean_ci, ppl_change, slope
+
+
+def convergence_claims(pairs: list[Comparison], axis: Baseline, same_size: str, target: float | None) -> list[Claim]:
+    """R6 (C3 is derived from it), schedule-free: per ladder of token budgets, the per-unit log ratio of the
+    tokens tied and untied need to reach a loss, from each budget's end-of-schedule loss; above zero. A pair at
+    one budget is not tested. The steps-to-target reading of one schedule is shown per pair, not judged."""
+    budgets = ladders(pairs, axis, BUDGET_KEYS, budget)
+    rows = [convergence_row(ladder, target) for ladder in budgets]
+    in_ladder = {id(c) for ladder in budgets for c in ladder}
+    why = "the rule reads end-of-schedule losses across budgets"
+    rows += [
+        Claim("R6", TEXTS["R6"], c.group.label, "-", "-", ONE_BUDGET, why, direction=+1)
+        for c in pairs
+        if id(c) not in in_ladder
+    ]
+    rows += [reading for c in pairs if (reading := schedule_reading(c))]
+    return rows or [missing("R6", f"{same_size} at two or more token budgets")]
+
+
+def schedule_reading(c: Comparison) -> Claim | None:
+    """The old R6 reading, steps to the pair's target on one schedule, in % of untied's: shown, never judged."""
+    values = [100 * (a / b - 1) for a, b in c.steps_pairs() if b]
+    if not values:
+        return None
+    ci = mean_ci(values)
+    why = "schedule-dependent: steps to the pair's target on one decaying schedule, where the slower mode may "
+    return Claim(
+        "R6 (schedule-dependent)",
+        TEXTS["R6 (schedule-dependent)"],
+        c.group.label,
+        "convergence table, val_loss.png",
+        f"Δsteps {ci_text(ci, 3, ' %')}",
+        "descriptive",
+        why + "cross in the decay tail; not judged, in no family" + (f"; {c.note()}" if c.note() else ""),
+        interval=ci,
+        direction=+1,
+    )
+
+
+ONE_BUDGET = "not tested: one budget (needs runs at several budgets)"
+
+
+def budget(group: Group) -> int:
+    return group.tokens
+
+
+def convergence_row(ladder: list[Comparison], fixed: float | None) -> Claim:
+    """R6 on one ladder of budgets: log(tokens_tied / tokens_untied) to the target loss, per unit."""
+    split = "test" if all(c.split == "test" for c in ladder) else "val"
+    comparison = LADDER.join(c.group.label for c in ladder)
+    target = fixed if fixed is not None else budget_target(ladder, split)
+    figure = f"ppl_vs_tokens.png ({split} split, end of each schedule)"
+    if target is None:
+        why = "the two modes' seed-mean budget curves span no common loss"
+        return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", why, direction=+1)
+    tokens = budget_tokens(ladder, target, split)
+    values = [
+        math.log(t / u)
+        for unit, t in tokens["group"].items()
+        if t is not None and (u := tokens["base"].get(unit)) is not None
+    ]
+    units = len(set(tokens["group"]) | set(tokens["base"]))
+    note = f"{units - len(values)} of {units} units' curves do not reach loss {target:.4g} inside their budgets"
+    if not values:
+        return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", note, direction=+1)
+    return tested(
+        "R6",
+        comparison,
+        figure,
+        values,
+        +1,
+        show=lambda ci: (
+            f"tokens to loss {target:.4g}: tied {ci_text(ppl_change(ci), 3, ' %')} more than untied "
+            f"(log ratio {ci_text(ci)})"
+        ),
+        note=note if len(values) < units else "",
+    )
+
+
+def ladders(pairs: list[Comparison], axis: Baseline, free: tuple, x_of) -> list[list[Comparison]]:
+    """Comparisons that differ only in the free keys (and on the tying axis), at two or more scales, by scale."""
+    out: dict[str, list[Comparison]] = {}
+    for c in pairs:
+        out.setdefault(axis.rest(c.group, free), []).append(c)
+    return [
+        sorted(ladder, key=lambda c: x_of(c.group))
+        for ladder in out.values()
+        if len({x_of(c.group) for c in ladder}) > 1
+    ]
+
+
+def trend_claims(
+    pairs: list[Comparison], axis: Baseline, free: tuple, x_of, claim_id: str, figure: str, needs: str
+) -> list[Claim]:
+    """Slope of the per-seed Δloss against log10 of the scale, per ladder; above zero."""
+    rows = [trend_row(ladder, x_of, claim_id, figure) for ladder in ladders(pairs, axis, free, x_of)]
+    return rows or [missing(claim_id, needs)]
+
+
+def trend_row(ladder: list[Comparison], x_of, claim_id: str, figure: str) -> Claim:
+    split = "test" if all(c.split == "test" for c in ladder) else "val"
+    by_pair = [(math.log10(x_of(c.group)), c.delta_loss(split)) for c in ladder]
+    fit, p = slope([(x, d) for x, values in by_pair for d in values])
+    row = Claim(
+        claim_id,
+        TEXTS[claim_id],
+        LADDER.join(c.group.label for c in ladder),
+        f"{figure} ({split} split)",
+        f"Δloss {ci_text(fit)} per decade",
+        interval=fit,
+        direction=+1,
+        p=p,
+    )
+    if min(len(values) for _, values in by_pair) < 2:
+        row.p, row.verdict, row.why = None, "inconclusive", "one seed at some scale: no spread at that scale"
+    return row
+
+
+def epochs(c: Comparison) -> float | None:
+    """Passes over the training split of the pair's runs (the most of any), None when a run lacks the split's size."""
+    values = [r.epochs for r in c.group.runs + c.base.runs]
+    return None if None in values else max(cast(list[float], values))
+
+
+def data_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Claim]:
+    """R5's data half: the trend against tokens seen, judged only across budgets that see each token at most once
+    (epochs <= 1); a ladder with repeated data, or whose epochs are unknown, is shown, not tested."""
+    rows = []
+    for ladder in ladders(pairs, axis, BUDGET_KEYS, budget):
+        passes = [epochs(c) for c in ladder]
+        fresh = [c for c, e in zip(ladder, passes) if e is not None and e <= 1 + EPOCH_TOLERANCE]
+        if len(fresh) > 1:
+            rows.append(trend_row(fresh, budget, "R5", "ppl_vs_tokens.png"))
+        if len(fresh) == len(ladder):
+            continue
+        row = trend_row(ladder, budget, "R5", "ppl_vs_tokens.png")
+        repeated = ", ".join(f"{e:.3g}" for e in passes if e is not None and e > 1 + EPOCH_TOLERANCE)
+        row.p, row.why = (
+            None,
+            "numbers shown descriptively"
+            + ("; judged on the fresh-data budgets in the row above" if len(fresh) > 1 else ""),
+        )
+        row.verdict = (
+            "not tested: epochs unknown (summary.json lacks corpus.train_tokens)"
+            if None in passes
+            else f"not tested: repeated data ({repeated} epochs)"
+        )
+        rows.append(row)
+    return rows or [missing("R5", needs)]
+
+
+def size_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Claim]:
+    """R5/C6's trend part per ladder of sizes; its smallest-size part is that size's C6 row, one test (see derive)."""
+    rows = trend_claims(pairs, axis, SIZE_KEYS, non_embedding, "R5/C6 (trend)", "ppl_vs_params.png", needs)
+    return [missing("R5/C6", needs)] if rows[0].verdict.startswith("no data") else rows
+
+
+def non_embedding(group: Group) -> int:
+    return group.params["non_embedding"]

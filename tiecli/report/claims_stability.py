@@ -1,0 +1,241 @@
+# Used by tiecli/report/claims.py and tiecli/report/gate.py: the claims about regularisation and stability.
+"""Claim rows about what tying does to training's health: the generalisation gap (R5/C2 gap, at equal fit
+too), the input matrix's drift from its initialisation (C2/C7 drift), loss spikes and gradient-norm jitter
+(C2 stability), and divergence at high learning rates across a run grid (`Outcome`, C2 stability
+(divergence))."""
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats as scipy_stats
+
+from tiecli.report.claims_rules import (
+    TEXTS,
+    Claim,
+    mean_text,
+    missing,
+    tested,
+)
+from tiecli.report.compare import Comparison
+from tiecli.report.groups import Baseline, Group, ignored
+from tiecli.report.load import DivergedRun
+from tiecli.report.stats import (
+    EARLY_FRACTION,
+    Interval,
+    ci_text,
+    diverged,
+    divergence_threshold,
+    gap,
+    grad_norm_jitter,
+    loss_spikes,
+    mean_ci,
+    paired,
+)
+
+
+def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[Claim]:
+    """Generalisation gap (val - train loss), tied minus untied, paired by seed, at the end of training and
+    at equal fit (Comparison.delta_matched_gap); below zero."""
+    rows = []
+    for c in pairs:
+        values = c.delta(gap)
+        sources = ", ".join(sorted({r.gap[2] for r in c.group.runs + c.base.runs if r.gap}))
+        if values:
+            rows.append(
+                tested(
+                    "R5/C2 gap",
+                    c.group.label,
+                    "generalisation gap table",
+                    values,
+                    -1,
+                    margin,
+                    lambda ci, s=sources: f"Δgap {ci_text(ci)} nats (from {s})",
+                )
+            )
+        if matched := c.delta_matched_gap():
+            rows.append(
+                tested(
+                    "R5/C2 gap (equal fit)",
+                    c.group.label,
+                    "generalisation gap table",
+                    matched,
+                    -1,
+                    margin,
+                    lambda ci: f"Δgap {ci_text(ci)} nats at equal train loss (metrics.jsonl)",
+                )
+            )
+    return rows or [
+        missing(
+            "R5/C2 gap",
+            f"{tied} and {untied} runs with a train-split evaluation (eval.json train or "
+            "metrics.jsonl train_eval_loss)",
+        )
+    ]
+
+
+# --- C2/C7 drift and C2's stability -----------------------------------------------------------------------
+
+
+def ratio_text(ci: Interval | None) -> str:
+    """A log-ratio interval as the ratio exp(x), every bound transformed alike."""
+    if ci is None:
+        return "-"
+    shown = Interval(ci.n, math.exp(ci.mean), None, *(None if x is None else math.exp(x) for x in (ci.low, ci.high)))
+    return f"{ci_text(shown)} (log ratio {ci_text(ci)})"
+
+
+def log_ratios(c: Comparison, value) -> list[float]:
+    """log(value(tied run) / value(untied run)) per seed both have, both positive."""
+    return [math.log(a / b) for a, b in paired(c.group, c.base, value) if a > 0 and b > 0]
+
+
+def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[Claim]:
+    """C2/C7 drift: the input-side token matrix's relative drift, tied (the shared matrix) over untied (wte)."""
+    rows = []
+    for c in pairs:
+        values = log_ratios(c, lambda r: r.diag.get("drift_input"))
+        if values:
+            tied_in, untied_in, untied_out = (
+                mean_text(mean_ci(r.diag.get(key) for r in runs))
+                for runs, key in (
+                    (c.group.runs, "drift_input"),
+                    (c.base.runs, "drift_input"),
+                    (c.base.runs, "drift_output"),
+                )
+            )
+            shown = f"drift {tied} {tied_in}, {untied} input {untied_in} (output {untied_out})"
+            rows.append(
+                tested(
+                    "C2/C7 drift",
+                    c.group.label,
+                    "dynamics table, drift.png",
+                    values,
+                    -1,
+                    margin,
+                    lambda ci, s=shown: f"drift ratio {tied}/{untied} {ratio_text(ci)}; {s}",
+                )
+            )
+    return rows or [
+        missing("C2/C7 drift", f"{tied} and {untied} runs with geometry at step 0 and later (diag.geometry)")
+    ]
+
+
+def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: str) -> list[Claim]:
+    """C2 stability: loss spikes (tied - untied count) and early gradient-norm jitter (log ratio), paired by seed."""
+    rows = []
+    for c in pairs:
+        spikes = c.delta(loss_spikes)
+        if spikes:
+            counts = f"{tied} {mean_text(mean_ci(map(loss_spikes, c.group.runs)))}, {untied} {mean_text(mean_ci(map(loss_spikes, c.base.runs)))}"
+            rows.append(
+                tested(
+                    "C2 stability (spikes)",
+                    c.group.label,
+                    "dynamics table",
+                    spikes,
+                    -1,
+                    margin["spikes"],
+                    lambda ci, s=counts: f"Δspikes {ci_text(ci)} per run (mean {s})",
+                )
+            )
+        if jitter := log_ratios(c, grad_norm_jitter):
+            rows.append(
+                tested(
+                    "C2 stability (grad norm)",
+                    c.group.label,
+                    "dynamics table",
+                    jitter,
+                    -1,
+                    margin["gnorm"],
+                    lambda ci: f"jitter ratio {tied}/{untied} {ratio_text(ci)}, first {EARLY_FRACTION:.0%} of steps",
+                )
+            )
+    needs = f"{tied} and {untied} runs of the same size with logged train losses and grad_norm (metrics.jsonl)"
+    found = {r.claim for r in rows}
+    return rows + [missing(k, needs) for k in ("C2 stability (spikes)", "C2 stability (grad norm)") if k not in found]
+
+
+@dataclass
+class Outcome:
+    """One run of a learning-rate grid, for C2 stability (divergence): diverged or not, and its pairing unit."""
+
+    unit: str  # every setting but the tying mode (those that differ between the runs), and the seed
+    mode: str
+    lr: float | None
+    name: str
+    diverged: bool
+    why: str
+
+
+def outcomes(groups: list[Group], failed: Sequence[DivergedRun]) -> list[Outcome]:
+    """Every run of the groups (before --select) and every run that stopped on a non-finite loss, with its unit."""
+    runs = [(g.setting, g.mode, r.seed, r.name, diverged(r), _why(r)) for g in groups for r in g.runs]
+    for f in failed:
+        setting = {k: v for k, v in f.setting.items() if k != "seed" and not ignored(k, f.setting)}
+        runs.append((setting, str(f.choices.get("tying")), f.seed, f.name, 1.0, f"non-finite loss by step {f.step}"))
+    axis = Baseline("tying", "")
+    off = [{k: v for k, v in setting.items() if not axis.on_axis(k)} for setting, *_ in runs]
+    keys = sorted(set().union(*off)) if off else []
+    differing = [k for k in keys if len({json.dumps(o.get(k)) for o in off}) > 1]
+    return [
+        Outcome(
+            " ".join([*(f"{k}={o.get(k)}" for k in differing), f"seed={seed}"]),
+            mode,
+            o.get("train.lr"),
+            name,
+            bool(value),
+            why,
+        )
+        for o, (_, mode, seed, name, value, why) in zip(off, runs)
+        if value is not None
+    ]
+
+
+def _why(run) -> str:
+    threshold = divergence_threshold(run)
+    return f"final val loss {run.loss:.4g}" + (f" vs threshold {threshold:.4g}" if threshold is not None else "")
+
+
+def grid_pairs(grid: Sequence[Outcome], tied: str = "tied", untied: str = "untied") -> list[dict[str, Outcome]]:
+    """The units with a tied and an untied run, {mode: outcome}, when they span two or more learning rates; else []."""
+    by_unit: dict[str, dict[str, Outcome]] = {}
+    for o in grid:
+        by_unit.setdefault(o.unit, {})[o.mode] = o
+    units = [{m: u[m] for m in (tied, untied)} for u in by_unit.values() if tied in u and untied in u]
+    return units if len({u[tied].lr for u in units}) > 1 else []
+
+
+def divergence_claims(grid: Sequence[Outcome], tied: str, untied: str) -> list[Claim]:
+    """C2 stability (divergence): paired by unit, d = diverged tied - diverged untied; exact McNemar test."""
+    units = grid_pairs(grid, tied, untied)
+    rates = sorted({lr for u in units if (lr := u[tied].lr) is not None})
+    if len(rates) < 2:
+        return [
+            missing(
+                "C2 stability (divergence)", f"{tied} and {untied} runs at two or more train.lr values (an LR grid)"
+            )
+        ]
+    d = [int(u[tied].diverged) - int(u[untied].diverged) for u in units]
+    tied_only, untied_only = d.count(1), d.count(-1)
+    p = float(scipy_stats.binomtest(tied_only, tied_only + untied_only).pvalue) if tied_only + untied_only else 1.0
+    shares = "; ".join(
+        f"lr {lr:g}: {tied} {sum(u[tied].diverged for u in at)}/{len(at)}, {untied} {sum(u[untied].diverged for u in at)}/{len(at)}"
+        for lr in rates
+        for at in [[u for u in units if u[tied].lr == lr]]
+    )
+    ci = mean_ci(d)
+    return [
+        Claim(
+            "C2 stability (divergence)",
+            TEXTS["C2 stability (divergence)"],
+            f"{len(units)} {tied}/{untied} pairs over train.lr {rates[0]:g}-{rates[-1]:g}",
+            "results.csv divergence rows",
+            f"Δ divergence rate {ci_text(ci)}; diverged {shares}; discordant pairs: {tied} only {tied_only}, "
+            f"{untied} only {untied_only} (exact McNemar)",
+            interval=ci,
+            direction=-1,
+            p=p,
+        )
+    ]
