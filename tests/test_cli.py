@@ -285,10 +285,10 @@ def test_sweep_job_names_drop_the_shared_hash_and_fit_80_columns(isolated):
 
 def test_a_sweep_keeps_the_names_its_manifest_gave_and_refuses_changed_overrides(isolated):
     from tiecli import config
-    from tiecli import sweep as sweeps
+    from tiecli.sweep import plan
 
     args = ["model=nano", "tying=tied,untied", "train.max_steps=100"]
-    sweep_dir, manifest, _ = sweeps.plan(args, None, Path("runs"), "s")
+    sweep_dir, manifest, _ = plan.plan(args, None, Path("runs"), "s")
     old_names = {}  # as tiecli 0.2 named them: the hash of every override, shared ones included
     for job in manifest.jobs:
         cfg, choices = config.compose(job.overrides)
@@ -296,11 +296,11 @@ def test_a_sweep_keeps_the_names_its_manifest_gave_and_refuses_changed_overrides
         job.name = job.run_dir = old_names[job.name]
     sweep_dir.mkdir(parents=True)
     rundir.write_manifest(sweep_dir / "sweep.json", manifest)
-    _, again, configs = sweeps.plan(args, None, Path("runs"), "s")
+    _, again, configs = plan.plan(args, None, Path("runs"), "s")
     assert [j.name for j in again.jobs] == list(old_names.values()) == list(configs)
     assert all(re.search(r"-s0-[0-9a-f]{8}$", n) for n in configs)
 
-    rundir.write_manifest(sweep_dir / "sweep.json", sweeps.plan(args, None, Path("runs"), "t")[1])
+    rundir.write_manifest(sweep_dir / "sweep.json", plan.plan(args, None, Path("runs"), "t")[1])
     one_line_error(
         tiecli("sweep", "model=nano", "tying=tied,untied", "train.max_steps=200", "--name", "s", "--dry-run"),
         1,

@@ -7,30 +7,30 @@ from pathlib import Path
 from conftest import TINY, conf
 from test_sweep import tiecli
 
-from tiecli import estimate
+from tiecli.sweep import dryrun
 
 ANY_MODEL = [o for o in TINY if o != "model=nano"]
 
 
 def test_a_job_takes_its_steps_and_evaluations_at_the_measured_pace():
     c = conf(*TINY)  # 12 steps, an evaluation every 6 steps: at steps 6 and 12, and one at step 0
-    pace = estimate.Pace(step_s=0.5, eval_batch_s=0.1, steps=3, device="cpu", dtype="fp32")
+    pace = dryrun.Pace(step_s=0.5, eval_batch_s=0.1, steps=3, device="cpu", dtype="fp32")
     eval_s = 2 * c.train.eval_batches * 0.1  # the validation and training subsets, eval_batches each
-    assert math.isclose(estimate.job_seconds(c, pace), 12 * 0.5 + 3 * eval_s)
-    assert math.isclose(estimate.job_seconds(c, pace, done_steps=6), 6 * 0.5 + 1 * eval_s)  # resumed at 6
-    assert estimate.job_seconds(c, pace, done_steps=12) == 0
-    assert estimate.wall_time([3, 1, 1, 1], 2) == 3  # the first job on one slot, the three short ones on the other
-    assert estimate.wall_time([2, 2, 2], 2) == 4 and estimate.wall_time([2, 2, 2], 1) == 6
-    assert estimate.wall_time([2, 2, 2], 8) == 2
+    assert math.isclose(dryrun.job_seconds(c, pace), 12 * 0.5 + 3 * eval_s)
+    assert math.isclose(dryrun.job_seconds(c, pace, done_steps=6), 6 * 0.5 + 1 * eval_s)  # resumed at 6
+    assert dryrun.job_seconds(c, pace, done_steps=12) == 0
+    assert dryrun.wall_time([3, 1, 1, 1], 2) == 3  # the first job on one slot, the three short ones on the other
+    assert dryrun.wall_time([2, 2, 2], 2) == 4 and dryrun.wall_time([2, 2, 2], 1) == 6
+    assert dryrun.wall_time([2, 2, 2], 8) == 2
 
 
 def test_sizes_that_share_a_model_batch_and_precision_are_timed_once():
     c = conf(*TINY)
-    assert estimate.size_key(conf(*TINY, "seed=3", "train.evals=1")) == estimate.size_key(c)
-    assert estimate.size_key(conf(*ANY_MODEL, "model=micro")) != estimate.size_key(c)
-    assert estimate.size_key(
-        conf(*[o for o in TINY if "batch_size" not in o], "train.batch_size=8")
-    ) != estimate.size_key(c)
+    assert dryrun.size_key(conf(*TINY, "seed=3", "train.evals=1")) == dryrun.size_key(c)
+    assert dryrun.size_key(conf(*ANY_MODEL, "model=micro")) != dryrun.size_key(c)
+    assert dryrun.size_key(conf(*[o for o in TINY if "batch_size" not in o], "train.batch_size=8")) != dryrun.size_key(
+        c
+    )
 
 
 def test_the_dry_run_times_each_size_here_and_prints_the_estimate(isolated):
@@ -42,7 +42,7 @@ def test_the_dry_run_times_each_size_here_and_prints_the_estimate(isolated):
         step_s, steps, eval_s = re.search(
             r": (\S+) s a step \((\d+) step\(s\) of 128 tokens\), (\S+) s an eval", line
         ).groups()
-        assert float(step_s) > 0 and 1 <= int(steps) <= estimate.TIMED_STEPS and float(eval_s) > 0
+        assert float(step_s) > 0 and 1 <= int(steps) <= dryrun.TIMED_STEPS and float(eval_s) > 0
     assert re.search(
         r"^estimated wall time: \d+m\d\ds for 4 job\(s\), \d+m\d\ds of job time \(one at a time", result.output, re.M
     )

@@ -13,7 +13,9 @@ import pytest
 from conftest import TINY
 from test_sweep import one_line_error, tiecli
 
-from tiecli import rundir, sweep
+from tiecli import rundir
+from tiecli.sweep import plan
+from tiecli.sweep.manifest import MANIFEST
 
 MANIFEST_FIELDS = {
     "name": "bad",
@@ -39,19 +41,17 @@ MANIFEST_FIELDS = {
     ],
 )
 def test_a_manifest_of_the_wrong_shape_is_one_line(isolated, manifest, why):
-    path = isolated / "runs" / "sweeps" / "bad" / sweep.MANIFEST
+    path = isolated / "runs" / "sweeps" / "bad" / MANIFEST
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(manifest))
     one_line_error(tiecli("sweep", "seed=0", "--name", "bad"), 1, why)
-    assert json.loads(path.read_text()) == manifest and sorted(p.name for p in path.parent.iterdir()) == [
-        sweep.MANIFEST
-    ]
+    assert json.loads(path.read_text()) == manifest and sorted(p.name for p in path.parent.iterdir()) == [MANIFEST]
 
 
 def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated):
     args = ["sweep", *TINY, "--name", "locked"]
     assert tiecli(*args).exit_code == 0
-    path = isolated / "runs" / "sweeps" / "locked" / sweep.MANIFEST
+    path = isolated / "runs" / "sweeps" / "locked" / MANIFEST
     # Manifests used to carry the sweep's pid; pid 1 is alive and was taken for a running sweep.
     path.write_text(json.dumps({**json.loads(path.read_text()), "pid": 1}))
     result = tiecli(*args)
@@ -67,7 +67,7 @@ def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated)
 
 def test_a_run_another_process_writes_refuses_the_sweep(isolated):
     args = [*TINY, "seed=0,1"]
-    folder, manifest, _ = sweep.plan(args, None, Path("runs"), "busy")
+    folder, manifest, _ = plan.plan(args, None, Path("runs"), "busy")
     run = folder / manifest.jobs[1].run_dir
     run.mkdir(parents=True)
     (run / rundir.CONFIG).write_text("seed: 1\n")  # enough to be a run directory; its writer holds the lock
@@ -77,7 +77,7 @@ def test_a_run_another_process_writes_refuses_the_sweep(isolated):
             1,
             f"sweep busy: run {run.name} is in use by process {os.getpid()}",
         )
-    assert not (folder / "logs").exists() and not (folder / sweep.MANIFEST).exists()  # refused before anything started
+    assert not (folder / "logs").exists() and not (folder / MANIFEST).exists()  # refused before anything started
 
 
 def _gone(pid: int) -> bool:
@@ -111,8 +111,8 @@ def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
     )
     trainer = None
     try:
-        _wait(lambda: (folder / sweep.MANIFEST).exists(), 60, "the manifest")
-        job = rundir.read_manifest(folder / sweep.MANIFEST).jobs[0]
+        _wait(lambda: (folder / MANIFEST).exists(), 60, "the manifest")
+        job = rundir.read_manifest(folder / MANIFEST).jobs[0]
         reader = rundir.RunReader(folder / job.run_dir)
         _wait(lambda: [r for r in reader.metrics() if r.step > 0], 120, "the job's first steps")
         trainer = int((reader.path / rundir.LOCK).read_text())
@@ -128,7 +128,7 @@ def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
 
     result = tiecli(*args)
     assert result.exit_code == 0, result.output
-    job = rundir.read_manifest(folder / sweep.MANIFEST).jobs[0]
+    job = rundir.read_manifest(folder / MANIFEST).jobs[0]
     assert (job.state, job.attempts) == ("completed", 2) and reader.summary().step == 30
     log = (folder / job.log).read_text()
     assert "--resume" in log and f"from step {summary.step}" in log

@@ -15,8 +15,10 @@ from conftest import TINY
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tiecli import config, rundir, sweep
+from tiecli import config, rundir
 from tiecli.cli import app
+from tiecli.sweep import dryrun, plan, scheduler, status
+from tiecli.sweep.manifest import MANIFEST
 
 runner = CliRunner()
 TEXT = "".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs.\n" for i in range(2000))
@@ -144,7 +146,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     result = tiecli(*args)
     assert result.exit_code == 1, result.output
     folder = isolated / "runs" / "sweeps" / "files"
-    manifest = json.loads((folder / sweep.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert (
         manifest["name"] == "files"
         and manifest["axes"] == {"data.path": ["good.txt", "missing.txt"]}
@@ -161,7 +163,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert "1 completed, 1 failed" in result.output
 
     out = Console(record=True, width=400)
-    out.print(sweep.jobs_table(rundir.read_manifest(folder / sweep.MANIFEST).jobs, sweep.Watch(folder)))
+    out.print(status.jobs_table(rundir.read_manifest(folder / MANIFEST).jobs, status.Watch(folder)))
     good_row, missing_row = [line for line in out.export_text().splitlines() if "textfile_" in line]
     assert "completed" in good_row and "12/12" in good_row and "failed" in missing_row
 
@@ -170,7 +172,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     result = tiecli(*args)
     assert result.exit_code == 0, result.output
     assert "1 of 2 jobs already completed; skipping them" in result.output
-    manifest = json.loads((folder / sweep.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert [(j["state"], j["attempts"]) for j in manifest["jobs"]] == [("completed", 1), ("completed", 2)]
     assert (folder / good["run_dir"] / rundir.SUMMARY).read_bytes() == summary
 
@@ -207,7 +209,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
         "--name",
         "stop",
     ]
-    manifest_path = isolated / "runs" / "sweeps" / "stop" / sweep.MANIFEST
+    manifest_path = isolated / "runs" / "sweeps" / "stop" / MANIFEST
     proc = subprocess.Popen(
         [sys.executable, "-m", "tiecli", *args],
         cwd=isolated,
@@ -249,7 +251,7 @@ def test_without_a_terminal_each_running_job_gets_a_progress_line_at_a_steady_rh
     shown = {job.name: {"step": 0, "max_steps": 500, "loss": None, "val_loss": None, "eta": None} for job in jobs}
     clock = [0.0]
     out = io.StringIO()
-    plain = sweep.PlainProgress(
+    plain = status.PlainProgress(
         Console(file=out, width=300),
         SimpleNamespace(progress=lambda job: shown[job.name]),
         jobs,
@@ -280,9 +282,9 @@ def test_a_sweep_in_a_log_file_prints_progress_lines(isolated):
         "train.max_steps=60",
         "seed=0,1",
     ]
-    folder, manifest, _ = sweep.plan(args, None, Path("runs"), "plain")
+    folder, manifest, _ = plan.plan(args, None, Path("runs"), "plain")
     out = io.StringIO()
-    assert sweep.run(folder, manifest, 2, Console(file=out, width=300), every=0) == 0
+    assert scheduler.run(folder, manifest, 2, Console(file=out, width=300), every=0) == 0
     pattern = re.compile(r"\[([12])/2\] (\S+): step (\d+)/60 loss \S+ val \S+ ETA \S+")
     lines = [m for m in map(pattern.fullmatch, out.getvalue().splitlines()) if m]
     assert lines, out.getvalue()
@@ -293,16 +295,16 @@ def test_a_sweep_in_a_log_file_prints_progress_lines(isolated):
 
 
 def test_the_eta_counts_down_between_logged_steps(monkeypatch):
-    assert sweep.eta([(10, 100.0), (20, 110.0)], 100, 110.0) == 80  # 1 s a step, 80 steps left
-    assert sweep.eta([(10, 100.0), (20, 110.0)], 100, 115.0) == 75
-    assert sweep.eta([(10, 100.0), (20, 110.0)], 100, 500.0) == 0
-    assert sweep.eta([(10, 100.0)], 100, 110.0) is None and sweep.eta([(10, 100.0), (10, 105.0)], 100, 110.0) is None
+    assert status.eta([(10, 100.0), (20, 110.0)], 100, 110.0) == 80  # 1 s a step, 80 steps left
+    assert status.eta([(10, 100.0), (20, 110.0)], 100, 115.0) == 75
+    assert status.eta([(10, 100.0), (20, 110.0)], 100, 500.0) == 0
+    assert status.eta([(10, 100.0)], 100, 110.0) is None and status.eta([(10, 100.0), (10, 105.0)], 100, 110.0) is None
 
     job = rundir.SweepJob(name="job", overrides=[], run_dir="job", log="logs/job.log", state="running", attempts=1)
     files = {"step": 0, "max_steps": 100, "loss": None, "val_loss": None, "start": (0, 0.0), "eta": None}
-    monkeypatch.setattr(sweep, "progress", lambda run_dir: dict(files))
+    monkeypatch.setattr(status, "progress", lambda run_dir: dict(files))
     clock = [0.0]
-    watch = sweep.Watch(Path("runs"), clock=lambda: clock[0])
+    watch = status.Watch(Path("runs"), clock=lambda: clock[0])
 
     def eta_at(seconds, step):
         clock[0], files["step"] = seconds, step
@@ -334,7 +336,7 @@ def test_default_names_are_shell_safe_short_and_unique(isolated):
         (None, [("train.seed", ["0", "1"]), ("seed", ["0", "1"])]),
         (None, [(f"train.key{i}", ["1", "2"]) for i in range(30)]),
     ]
-    names = [sweep.default_name(study, axes) for study, axes in cases]
+    names = [plan.default_name(study, axes) for study, axes in cases]
     assert all(re.fullmatch(r"[A-Za-z0-9._-]{1,40}", n) for n in names), names
     assert len(set(names)) == len(names), names
     assert [names[0], names[3], names[4], names[5]] == [
@@ -362,7 +364,7 @@ def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     assert result.exit_code == 0, result.output
     C, L, T, V = 64, 2, 32, 256  # nano at block_size 32 on byte tokens
     body = L * (12 * C * C + 13 * C) + 2 * C + T * C  # blocks (attention, MLP, LayerNorms), last LayerNorm, positions
-    size = sweep.size_text
+    size = dryrun.size_text
     expected, disk = [], 0
     for params, matrices in ((body + V * C, 1), (body + 2 * V * C, 2)):  # tied: one token matrix, untied: two
         checkpoint = params * 4 * 3  # fp32 weights and AdamW's two moments
@@ -420,7 +422,7 @@ def test_a_study_gives_its_primary_comparison_more_seeds_and_declares_families(i
     seeds = {(j[0], j[1]): [o for o in jobs if o[:2] == j[:2]] for j in jobs}
     assert [len(v) for v in seeds.values()] == [2, 2, 5, 5]
     assert ["model=micro", "tying=tied", "seed=4", "data.split_seed=${seed}", "train.lr=0.006"] in jobs
-    sweep_dir, manifest, configs = sweep.plan(["study=primary"], Path("mine"), Path("runs"), None)
+    sweep_dir, manifest, configs = plan.plan(["study=primary"], Path("mine"), Path("runs"), None)
     assert {c.seed: c.data.split_seed for c in configs.values()} == {s: s for s in range(5)}
     assert manifest.study["families"] == {"outcome": ["C6", "R6"]}
     assert manifest.study["add"] == [{"match": {"model": "micro"}, "axes": {"seed": ["2", "3", "4"]}}]

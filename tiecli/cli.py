@@ -335,22 +335,22 @@ def sweep(
     Example: tiecli sweep model=nano,micro tying=tied,untied seed=0,1,2 --launcher submitit_slurm launcher.slurm.partition=gpu
     """
     with user_errors():
-        from tiecli import sweep as sweeps
+        from tiecli.sweep import sweep as run_sweep
 
-        if status is not None:
-            if overrides:
-                raise ConfigError(f"--status {status} shows a sweep; give it no overrides ({overrides[0]!r})")
-            sweeps.show_status(runs_dir, status, console)
-            return
-        launch = sweeps.launch_options(launcher, overrides or [], config_dir, jobs, gpus_per_job)
-        options = sweeps.launch_command(launch, jobs)
-        sweep_dir, manifest, configs = sweeps.plan(overrides or [], config_dir, runs_dir, name, options)
-        if dry_run:
-            lines = sweeps.dry_run_lines(sweep_dir, manifest, configs, launch, estimate, err_console)
-            for line in lines:
-                console.print(line, highlight=False, markup=False, soft_wrap=True)
-            return
-        code = sweeps.run(sweep_dir, manifest, launch.parallel, console, launch=launch)
+        code = run_sweep(
+            overrides or [],
+            name=name,
+            status=status,
+            launcher=launcher,
+            jobs=jobs,
+            gpus_per_job=gpus_per_job,
+            runs_dir=runs_dir,
+            config_dir=config_dir,
+            dry_run=dry_run,
+            estimate=estimate,
+            console=console,
+            err_console=err_console,
+        )
     raise typer.Exit(code)
 
 

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tiecli import launchers
 from tiecli.config import TrainConfig
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.runtime import affinity
 
 # How long a rank waits in a collective before giving up: long enough for rank 0's final
 # evaluation of a whole split while the others wait; a rank that dies is noticed at once anyway
@@ -67,7 +67,7 @@ def torchrun(nproc: int, args: list[str]) -> int:
     for name in list(logging.Logger.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, launchers.cpu_cores() // nproc)))  # the allocation's cores
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(affinity()) // nproc)))  # the allocation's cores
     config = launch_config(
         LaunchConfig,
         min_nodes=1,

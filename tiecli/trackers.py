@@ -50,7 +50,7 @@ def numbers(tree: dict, prefix: str = "") -> dict[str, float]:
 
 def sweep_of(run: Path) -> str | None:
     """The sweep a run belongs to: its folder's name, when that folder holds a sweep manifest."""
-    from tiecli.sweep import MANIFEST
+    from tiecli.sweep.manifest import MANIFEST
 
     return run.parent.name if (run.parent / MANIFEST).is_file() else None
 

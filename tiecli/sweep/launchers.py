@@ -22,12 +22,12 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tiecli import rundir
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.sweep.manifest import now
 
 if TYPE_CHECKING:  # a submitit job imports this module to run run_job: it needs neither torch nor Hydra
     from tiecli import config
@@ -53,10 +53,6 @@ class JobSpec:
     nproc: int  # ranks under torchrun (`tiecli train --nproc`), one per GPU; 1: no torchrun
     gpus: str | None  # CUDA_VISIBLE_DEVICES for the job; None: leave it as the job finds it
     threads: int | None  # OMP_NUM_THREADS; None: leave it
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclasses.dataclass

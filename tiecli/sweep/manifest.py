@@ -1,0 +1,83 @@
+# Used by `tiecli sweep`: sweep.json, the manifest that says what a sweep folder holds.
+"""The manifest, runs/sweeps/<name>/sweep.json: the command, the axes, the fixed overrides and every job's state.
+
+It is rewritten atomically after each change, so it is true whenever the sweep stops. A job's
+run_dir and log in it are relative to the sweep folder, so the folder can move. A re-run may add
+jobs (more seeds, a new mode) but not drop any: the manifest always describes every run in the folder.
+Its records (rundir.SweepManifest, rundir.SweepJob) are read and written by the storage layer.
+"""
+
+import dataclasses
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tiecli import rundir
+from tiecli.errors import TiecliError
+
+if TYPE_CHECKING:  # a submitit job imports this module (through launchers): it needs no Hydra
+    from tiecli import config
+
+MANIFEST = "sweep.json"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def read(sweep_dir: Path) -> rundir.SweepManifest | None:
+    """The sweep folder's manifest; None before the sweep first ran."""
+    return rundir.read_manifest(sweep_dir / MANIFEST) if (sweep_dir / MANIFEST).exists() else None
+
+
+def save(sweep_dir: Path, manifest: rundir.SweepManifest) -> None:
+    """Write the manifest (atomically), stamped with the time of this change."""
+    manifest.updated = now()
+    rundir.write_manifest(sweep_dir / MANIFEST, manifest)
+
+
+def keep_old_names(
+    old: rundir.SweepManifest, new: rundir.SweepManifest, configs: dict[str, "config.Config"]
+) -> tuple[rundir.SweepManifest, dict[str, "config.Config"]]:
+    """A job already in the manifest keeps its name and folder (a sweep named before the shared hash was
+    dropped, or one whose shared overrides changed with the jobs added): the same overrides, the same run."""
+    by_overrides = {tuple(sorted(j.overrides)): j for j in old.jobs}
+    jobs, kept = [], {}
+    for job in new.jobs:
+        before = by_overrides.get(tuple(sorted(job.overrides)))
+        if before is not None and before.name != job.name:
+            kept[before.name] = configs[job.name]
+            job = dataclasses.replace(job, name=before.name, run_dir=before.run_dir, log=before.log)
+        else:
+            kept[job.name] = configs[job.name]
+        jobs.append(job)
+    return dataclasses.replace(new, jobs=jobs), kept
+
+
+def merge(old: rundir.SweepManifest, new: rundir.SweepManifest) -> rundir.SweepManifest:
+    """The new command's manifest, keeping what the old one knew about the same jobs.
+
+    Adding jobs is allowed (more seeds, a new mode); dropping some is refused, so the manifest
+    never stops describing a run that sits in its folder.
+    """
+    known = {j.name: j for j in old.jobs}
+    changed = next(
+        (j for j in new.jobs if j.name in known and sorted(known[j.name].overrides) != sorted(j.overrides)), None
+    )
+    if changed:
+        raise TiecliError(
+            f"sweep {new.name!r}: job {changed.name!r} ran with `{' '.join(known[changed.name].overrides)}`, "
+            f"not `{' '.join(changed.overrides)}`; re-run it with the same overrides (`{old.command}`) or pick another --name"
+        )
+    dropped = sorted(known.keys() - {j.name for j in new.jobs})
+    if dropped:
+        raise TiecliError(
+            f"sweep {new.name!r} already has {len(dropped)} job(s) this command leaves out (e.g. {dropped[0]!r}); "
+            f"re-run it with the same overrides (`{old.command}`) or pick another --name"
+        )
+    history = ("state", "exit_code", "error", "started", "ended", "attempts", "job_id")
+    jobs = [
+        dataclasses.replace(job, **{k: getattr(known[job.name], k) for k in history}) if job.name in known else job
+        for job in new.jobs
+    ]
+    return dataclasses.replace(new, created=old.created, jobs=jobs)
