@@ -56,3 +56,16 @@ def conf(*overrides):
 def data_config(**changes):
     """The default data settings with some changed."""
     return dataclasses.replace(conf().data, **changes)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """nano and micro, tied and untied, seeds 0-2, as a sweep folder of synthetic runs (helpers.write_run)."""
+    from helpers import LOSS, write_run
+
+    root = tmp_path / "runs" / "sweeps" / "grid"
+    for size, mode in LOSS:
+        for seed in range(3):
+            write_run(root, size, mode, seed)
+    (root / "sweep.json").write_text("{}")
+    return root

@@ -13,25 +13,12 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import one_line_error, tiecli
 
 from tiecli import rundir
-from tiecli.cli import app
 
-runner = CliRunner()
 NODATA = [o for o in TINY if not o.startswith("data")]  # TINY without its corpus, for tests that name their own
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    assert text in result.output
-    assert "Traceback" not in result.output
-    assert result.output.strip().count("\n") == 0, result.output  # one line, whatever the width
 
 
 def test_help_says_what_and_gives_an_example():

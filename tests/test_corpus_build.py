@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import TINY, data_config
-from test_cli import one_line_error, tiecli
+from helpers import one_line_error, tiecli
 
 from tiecli.data import corpus_path, load_documents
 from tiecli.diagnostics import pairs_file

@@ -343,7 +343,7 @@ def test_bad_hf_input_is_one_line_and_the_right_exit_code(isolated, monkeypatch,
     import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from test_cli import one_line_error, tiecli
+    from helpers import one_line_error, tiecli
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as HF_DATASETS_OFFLINE=1 does
     pq.write_table(pa.table({"text": hf_docs}), "a.parquet")

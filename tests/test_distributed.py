@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import rows
 from typer.testing import CliRunner
 
 from tiecli import config, distributed, model
@@ -82,11 +83,6 @@ def wait_for_step(run: Path, step: int, procs) -> None:
         assert all(p.poll() is None for p, _ in procs), [log.read_text()[-2000:] for _, log in procs]
         time.sleep(0.2)
     pytest.fail(f"no step {step} in {run} after {WAIT_S} s")
-
-
-def rows(run: Path) -> dict[int, dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()[1:]  # the first holds the format
-    return {row["step"]: row for row in map(json.loads, lines)}
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from conftest import TINY, conf
-from test_sweep import tiecli
+from helpers import tiecli
 
 from tiecli import estimate
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import train_process
 from typer.testing import CliRunner
 
 from tests.conftest import TINY
@@ -19,13 +20,6 @@ transformers = pytest.importorskip("transformers", reason="tiecli[hf] (transform
 safetensors = pytest.importorskip("safetensors", reason="tiecli[hf] (safetensors) is not installed")
 
 runner = CliRunner()
-
-
-def train(*args):
-    """`tiecli train` in its own process, as a user runs it: this test process has imported transformers,
-    whose tokenizers thread pool must not be forked by the data loader's tokenizing processes."""
-    done = subprocess.run([sys.executable, "-m", "tiecli", "train", *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # GPT-2 shaped but tiny; bias=false checks that absent biases export as zeros
@@ -152,7 +146,7 @@ def test_trained_bpe_run_exports_its_tokenizer(tmp_path):
     """End to end, as a user: train a tiny run on the trained BPE, export, load both halves with Auto*."""
     overrides = [o for o in TINY if not o.startswith(("tokenizer=", "train.max_steps="))]
     overrides += ["tokenizer=bpe", "tokenizer.vocab_size=300", "train.max_steps=3"]
-    train(*overrides, "--name", "b")
+    train_process(*overrides, "--name", "b")
     result = export("runs/b", "--to", "hf", tmp_path / "out")
     assert result.exit_code == 0, result.output
     from tiecli.data import load_corpus

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from helpers import tiecli
 
 from tiecli import checkpoint, rundir
 from tiecli import train as training
-from tiecli.cli import app
 from tiecli.model import GPT
 
 # The issue's tiny config F (each key once: a key given twice is refused), then a short schedule.
@@ -51,17 +50,11 @@ SHORT = [
 RUN = [*F, *SHORT]
 EVALUATE = training.evaluate  # the original, to put back mid-test
 
-runner = CliRunner()
-
 
 def args(*changes: str) -> list[str]:
     """RUN with some keys given other values (or added)."""
     keys = {c.split("=", 1)[0] for c in changes}
     return [a for a in RUN if a.split("=", 1)[0] not in keys] + list(changes)
-
-
-def tiecli(*argv):
-    return runner.invoke(app, [str(a) for a in argv])
 
 
 def catches_sigint(pid: int) -> bool:

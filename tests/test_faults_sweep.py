@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
-from test_sweep import one_line_error, tiecli
+from helpers import one_line_error, tiecli
 
 from tiecli import rundir, sweep
 

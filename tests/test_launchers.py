@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
-from test_sweep import one_line_error, tiecli
+from helpers import one_line_error, tiecli
 
 from tiecli import launchers, rundir, sweep
 

@@ -2,7 +2,7 @@
 panel order, a colour and marker per group, whole-number step ticks, titles inside the figure."""
 
 import pytest
-from test_report import write_run
+from helpers import write_run
 
 from tiecli import plots
 from tiecli.report import load
@@ -36,9 +36,9 @@ def report_groups(root, baseline="tying=untied"):
 @pytest.fixture
 def grid(tmp_path, monkeypatch):
     """grid(n): the groups of tied and untied runs, seeds 0 and 1, at the first n of nano, micro, small."""
-    import test_report
+    import helpers
 
-    monkeypatch.setattr(test_report, "SIZES", SIZES)
+    monkeypatch.setattr(helpers, "SIZES", SIZES)
 
     def make(n_sizes):
         root = tmp_path / f"sizes{n_sizes}"

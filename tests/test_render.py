@@ -3,8 +3,8 @@ one table, and the warning for related forms measured on no pair."""
 
 import dataclasses
 
+from helpers import write_run
 from rich.console import Console
-from test_report import sweep, write_run  # noqa: F401 (sweep: a fixture, nano and micro, tied and untied, 3 seeds)
 from typer.testing import CliRunner
 
 from tiecli.cli import app
@@ -60,7 +60,7 @@ def crowded(lines: list[str]) -> bool:
     return len(lines) > max(2, (len(" ".join(lines).split()) + 1) // 2)
 
 
-def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep):  # noqa: F811
+def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep):
     result = runner.invoke(app, ["report", str(sweep)], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert max(map(len, result.output.splitlines())) <= 80 and "…" not in result.output

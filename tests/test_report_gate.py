@@ -4,7 +4,7 @@ verdicts when none fires. Synthetic run directories whose R4 verdict is "support
 
 import math
 
-from test_report import TOKENS_PER_STEP, V, make_run, params, results, tiecli
+from helpers import TOKENS_PER_STEP, V, make_run, params, results, tiecli
 
 from tiecli import rundir
 

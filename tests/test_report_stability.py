@@ -12,8 +12,8 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from helpers import V, expected_verdict, interval, make_run, params, results, tiecli, tost
 from scipy import stats
-from test_report import V, expected_verdict, interval, make_run, params, results, tiecli, tost
 
 from tiecli import rundir
 

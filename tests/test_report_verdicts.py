@@ -11,8 +11,8 @@ import statistics
 
 import pytest
 import yaml
+from helpers import TOKENS_PER_STEP, V, holm, interval, make_run, params, results, tiecli, tost
 from scipy import stats
-from test_report import TOKENS_PER_STEP, V, holm, interval, make_run, params, results, tiecli, tost
 
 from tiecli import rundir
 

@@ -3,17 +3,11 @@
 import json
 
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import tiecli
 
 from tiecli import checkpoint, rundir
-from tiecli.cli import app
 
-runner = CliRunner()
 SHORT = [o for o in TINY if not o.startswith("train.max_steps=")]
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def test_resume_a_run_dir_without_retyping_the_overrides_and_extend_it(isolated):

@@ -7,25 +7,12 @@ import pytest
 import tiktoken
 import torch
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import one_line_error, tiecli
 
 from tiecli import checkpoint, config, rundir, tokenizer
-from tiecli.cli import app
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, TYING_MODES
 from tiecli.sample import Options, draw, encode_prompt, pick, prepare, sample_run
-
-runner = CliRunner()
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    assert text in result.output and "Traceback" not in result.output
-    assert result.output.strip().count("\n") == 0, result.output
 
 
 def make_run(path: Path, *overrides: str, weights: bool = True):

@@ -12,19 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import TINY
+from helpers import one_line_error, tiecli
 from rich.console import Console
-from typer.testing import CliRunner
 
 from tiecli import config, rundir, sweep
-from tiecli.cli import app
 
-runner = CliRunner()
 TEXT = "".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs.\n" for i in range(2000))
 NODATA = [o for o in TINY if not o.startswith(("data=", "data."))]  # for tests that pick their own corpus
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def dry_run(*args) -> list[list[str]]:
@@ -32,12 +26,6 @@ def dry_run(*args) -> list[list[str]]:
     result = tiecli("sweep", *args, "--dry-run", "--no-estimate")
     assert result.exit_code == 0, result.output
     return [line.split("]: ", 1)[1].split() for line in result.output.splitlines() if "]: " in line]
-
-
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    assert text in result.output and "Traceback" not in result.output
-    assert result.output.strip().count("\n") == 0, result.output
 
 
 def test_the_grid_is_the_product_of_the_axes_in_order(isolated):

@@ -9,17 +9,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import tiecli
 
 from tiecli import config, rundir, trackers
-from tiecli.cli import app
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("wandb", reason="the wandb extra is not installed")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
-
-runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +32,6 @@ def offline_wandb(monkeypatch, tmp_path):
     }.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def scalars(logdir: Path) -> dict[str, dict[int, float]]:
