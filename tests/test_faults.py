@@ -12,6 +12,7 @@ import errno
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,6 +130,10 @@ def stripped(run: Path) -> list[dict]:
 @pytest.fixture(autouse=True)
 def corpus(isolated):
     """small.txt: 60 kB of lines, the same in every test, so the token cache is shared."""
+    return write_corpus(isolated)
+
+
+def write_corpus(folder: Path) -> Path:
     rng = random.Random(0)
     words = [
         "the",
@@ -147,18 +152,29 @@ def corpus(isolated):
         "count",
         "stars",
     ]
-    (isolated / "small.txt").write_text(
+    (folder / "small.txt").write_text(
         "".join(" ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(1500))
     )
-    return isolated
+    return folder
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A completed run X of RUN, trained once per session in a folder of its own (with small.txt and the
+    session's cache, as `isolated` gives a test); tests get copies through `done`."""
+    folder = write_corpus(tmp_path_factory.mktemp("faults-trained"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.chdir(folder)
+        result = tiecli("train", *RUN, "--name", "X")
+    assert result.exit_code == 0, result.output
+    return folder / "runs" / "X"
 
 
 @pytest.fixture
-def done(isolated):
-    """A completed run X of RUN (8 steps, checkpoints at 4 and 8)."""
-    result = tiecli("train", *RUN, "--name", "X")
-    assert result.exit_code == 0, result.output
-    return isolated / "runs" / "X"
+def done(isolated, trained):
+    """A completed run X of RUN (8 steps, checkpoints at 4 and 8): the test's own copy of `trained`."""
+    return Path(shutil.copytree(trained, isolated / "runs" / "X"))
 
 
 # --- 1. two writers on one run --------------------------------------------------------------------
