@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,28 @@ def isolated(tmp_path, tmp_path_factory, monkeypatch, tiny_text):
     os.link(tiny_text, tmp_path / "tiny.txt")
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def tiny_trained(tmp_path_factory, tiny_text) -> Path:
+    """Run r of TINY (`tiecli train TINY --name r`: 12 steps, checkpoints at 6 and 12), trained once per
+    session in a folder of its own set up as `isolated` sets up a test's. Read it only: tiny_run copies it."""
+    from helpers import tiecli
+
+    folder = tmp_path_factory.mktemp("tiny-trained")
+    os.link(tiny_text, folder / "tiny.txt")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.chdir(folder)
+        result = tiecli("train", *TINY, "--name", "r")
+    assert result.exit_code == 0, result.output
+    return folder / "runs" / "r"
+
+
+@pytest.fixture
+def tiny_run(isolated, tiny_trained) -> Path:
+    """runs/r in the test's folder: its own copy of tiny_trained, to change as it likes."""
+    return Path(shutil.copytree(tiny_trained, isolated / "runs" / "r"))
 
 
 def conf(*overrides):

@@ -113,9 +113,8 @@ def test_eval_of_something_that_is_not_a_run(isolated):
     )
 
 
-def test_corrupt_checkpoint_gives_a_clear_error(isolated):
-    assert tiecli("train", *TINY, "--name", "r").exit_code == 0
-    (isolated / "runs" / "r" / rundir.CHECKPOINT).write_bytes(b"\x00" * 100)
+def test_corrupt_checkpoint_gives_a_clear_error(tiny_run):
+    (tiny_run / rundir.CHECKPOINT).write_bytes(b"\x00" * 100)
     one_line_error(tiecli("eval", "runs/r"), 1, "is corrupt or unreadable")
 
 

@@ -29,8 +29,7 @@ def test_resume_a_run_dir_without_retyping_the_overrides_and_extend_it(isolated)
     assert result.exit_code == 0 and "already complete (step 12)" in result.output
 
 
-def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated):
-    assert tiecli("train", *TINY, "--name", "r").exit_code == 0
+def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated, tiny_run):
     for override, key in (("train.lr=0.1", "train.lr"), ("model.n_embd=32", "model.n_embd"), ("tying=untied", "tying")):
         result = tiecli("train", "--resume", "runs/r", override, "train.max_steps=20")
         assert result.exit_code == 2 and key in result.output and "--resume" in result.output, result.output
