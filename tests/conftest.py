@@ -1,4 +1,8 @@
-"""Shared test setup: one tokenizer/data cache per session, and each test in its own working folder."""
+"""Shared test setup: one tokenizer/data cache per session, and each test in its own working folder.
+
+`slow` (pyproject.toml) marks a test whose cost is training beyond the session's shared runs (DDP, compile,
+real processes, sweeps of jobs, repeated trainings) or a report over many synthetic runs, where a cheaper
+test in its module drives the same code end to end; `pytest -m "not slow"` is the everyday minute."""
 
 import dataclasses
 import os

@@ -27,6 +27,7 @@ MANIFEST_FIELDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "manifest, why",
     [
@@ -48,6 +49,7 @@ def test_a_manifest_of_the_wrong_shape_is_one_line(isolated, manifest, why):
     ]
 
 
+@pytest.mark.slow
 def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated):
     args = ["sweep", *TINY, "--name", "locked"]
     assert tiecli(*args).exit_code == 0
