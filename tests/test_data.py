@@ -69,6 +69,7 @@ def write_corpus(folder, n_bytes, seed=0):
 # --- the split -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shakespeare_split_is_by_whole_plays_and_ignores_the_training_seed():
     cfg = data_config()
     docs = documents(cfg)
@@ -116,6 +117,7 @@ def test_textfile_accepts_folders_and_globs(tmp_path):
     assert by_folder == by_glob and len(by_glob) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "setup, message",
     [
@@ -174,6 +176,7 @@ def bpe_300(tmp_path_factory):
     return tokenizer.bpe("".join(shakespeare_lines()[:20000]), 300, tmp_path_factory.mktemp("bpe"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["document", "block"])
 def test_small_chunks_cut_only_where_no_token_crosses(tmp_path, monkeypatch, bpe_300, split):
     # ~200 chunks in all, each cut at a _SAFE_CUT point: every cut must leave the ids unchanged.
@@ -221,6 +224,7 @@ def test_corpus_is_cached_and_consistent(monkeypatch):
     assert again.key == corpus.key and np.array_equal(again.tokens["val"], corpus.tokens["val"])
 
 
+@pytest.mark.slow
 def test_cache_key_changes_with_any_byte_of_the_data(tmp_path):
     folder = write_corpus(tmp_path / "c", 300_000)
     cfg, tok = data_config(name="textfile", path=str(folder)), conf("tokenizer=bytes").tokenizer
@@ -237,6 +241,7 @@ def test_cache_key_changes_with_any_byte_of_the_data(tmp_path):
     ).key not in (key,)
 
 
+@pytest.mark.slow
 def test_bpe_trains_on_a_bounded_sample_spread_over_the_training_split(tmp_path):
     cfg = data_config()
     src = data.source(cfg)
@@ -275,6 +280,7 @@ def hf(**changes):
     )
 
 
+@pytest.mark.slow
 def test_hf_parquet_jsonl_and_saved_dataset_give_the_textfile_tokens(tmp_path, hf_docs):
     import datasets
     import pyarrow as pa
@@ -309,6 +315,7 @@ def test_hf_parquet_jsonl_and_saved_dataset_give_the_textfile_tokens(tmp_path, h
         assert all(np.array_equal(corpus.tokens[s], expected.tokens[s]) for s in data.SPLITS), cfg.files
 
 
+@pytest.mark.slow
 def test_hf_bad_column_and_split_are_config_errors(tmp_path, hf_docs):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -326,6 +333,7 @@ def test_hf_without_datasets_names_the_pip_command(monkeypatch):
         data.source(hf(files="tiny.txt"))  # conftest puts it in every test's folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides, code, message",
     [
