@@ -28,6 +28,7 @@ def dry_run(*args) -> list[list[str]]:
     return [line.split("]: ", 1)[1].split() for line in result.output.splitlines() if "]: " in line]
 
 
+@pytest.mark.slow
 def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
     assert dry_run("model=nano,micro", "tying=tied,untied", "seed=0", "train.lr=1e-3") == [
         ["model=nano", "tying=tied", "seed=0", "train.lr=1e-3"],
@@ -44,6 +45,7 @@ def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
     assert not Path("runs").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_studies_and_overrides_on_top(isolated):
     result = tiecli("sweep", "study=tying_vs_size", "--dry-run", "--no-estimate")
     assert result.exit_code == 0 and result.output.startswith(
@@ -80,6 +82,7 @@ RULES = """  - match: {tying: tied}
 """
 
 
+@pytest.mark.slow
 def test_when_rules_give_matching_jobs_their_own_settings(isolated):
     Path("mine/study").mkdir(parents=True)
     Path("mine/study/lrs.yaml").write_text(WHEN_STUDY + RULES)
@@ -126,6 +129,7 @@ def test_bad_grids_exit_2_and_write_nothing(isolated):
     assert not Path("runs").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated):
     Path("good.txt").write_text(TEXT)
     args = ["sweep", *NODATA, "data=textfile", "data.path=good.txt,missing.txt", "--name", "files", "--jobs", "2"]
@@ -262,6 +266,7 @@ def test_without_a_terminal_each_running_job_gets_a_progress_line_at_a_steady_rh
     ]
 
 
+@pytest.mark.slow
 def test_a_sweep_in_a_log_file_prints_progress_lines(isolated):
     args = [
         *[o for o in TINY if not o.startswith("train.max_steps=")],
@@ -304,6 +309,7 @@ def test_the_eta_counts_down_between_logged_steps(monkeypatch):
     assert eta_at(50, 30) == 95
 
 
+@pytest.mark.slow
 def test_default_names_are_shell_safe_short_and_unique(isolated):
     modes = ["hybrid", "partial", "scaled", "tied", "tied_bias", "untied"]
     cases = [
@@ -344,6 +350,7 @@ def test_default_names_are_shell_safe_short_and_unique(isolated):
     assert not Path("runs").exists()
 
 
+@pytest.mark.slow
 def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     grid = ["tying=tied,untied", "train.evals=4", "train.warmup_fraction=0.25", "diag.max_snapshots=3"]
     result = tiecli("sweep", *TINY, *grid, "--dry-run", "--no-estimate")

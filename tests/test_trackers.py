@@ -76,6 +76,7 @@ def wandb_history(run_dir: Path) -> tuple[list, dict[int, dict]]:
     return runs, rows
 
 
+@pytest.mark.slow
 def test_trackers_mirror_the_run_directory(tmp_path):
     result = tiecli(
         "train", *TINY, "eval.test=false", "--name", "tracked",
@@ -138,6 +139,7 @@ def make_run(path: Path, *overrides: str) -> rundir.RunWriter:
     return rundir.RunWriter.create(path, files, summary, b"")
 
 
+@pytest.mark.slow
 def test_a_resume_continues_the_wandb_run_and_tensorboard_hides_the_redone_steps(tmp_path):
     run_dir = tmp_path / "runs" / "resumed"
     with make_run(run_dir, "logger=[tensorboard,wandb]") as run:
@@ -162,6 +164,7 @@ def test_a_resume_continues_the_wandb_run_and_tensorboard_hides_the_redone_steps
     }
 
 
+@pytest.mark.slow
 def test_a_sweep_groups_its_runs(tmp_path):
     sweep_dir = tmp_path / "runs" / "sweeps" / "modes"
     sweep_dir.mkdir(parents=True)
