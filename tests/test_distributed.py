@@ -139,6 +139,7 @@ def test_two_ranks_train_as_one_stop_together_and_resume_exactly(tmp_path):
     assert json.loads((run / "summary.json").read_text())["final_val"]["loss"] == pytest.approx(final_one, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
     args = [*RUN, f"data.path={tmp_path / 'tiny.txt'}", "train.max_steps=500"]
     procs = start_ranks([*args, "--name", "dead"], [tmp_path, tmp_path], tmp_path)
@@ -262,6 +263,7 @@ def gpu_check():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_check_names_runs_uniquely_and_computes_mfu_from_steady_steps(tmp_path):
     g = gpu_check()
     checks = ["gpt2 bf16 compile", "gpt2 bf16 compile, diagnostics off", "torchrun --nproc 1 resume 20+20 vs 40"]

@@ -59,6 +59,7 @@ def tiecli_greedy(model, idx, n):
     return idx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [m for m in TYING_MODES if m != "tied_bias"])
 def test_every_mode_reloads_with_the_same_logits(tmp_path, mode):
     model = fake_run(tmp_path / "run", mode, "model.bias=false" if mode == "partial" else "model.bias=true")
@@ -85,6 +86,7 @@ def test_every_mode_reloads_with_the_same_logits(tmp_path, mode):
     assert torch.equal(out, tiecli_greedy(model, prompt, 8))
 
 
+@pytest.mark.slow
 def test_scaled_folds_its_scales_and_stays_tied(tmp_path):
     model = fake_run(tmp_path / "run", "scaled")
     assert model.emb.input_scale == math.sqrt(32) and model.emb.logit_scale == 1 / math.sqrt(32)
@@ -96,6 +98,7 @@ def test_scaled_folds_its_scales_and_stays_tied(tmp_path):
         assert torch.allclose(hf.transformer.ln_f.weight, model.ln_f.weight / 32)
 
 
+@pytest.mark.slow
 def test_tied_bias_is_refused_for_hf_and_exported_as_safetensors(tmp_path):
     model = fake_run(tmp_path / "run", "tied_bias")
     result = export(tmp_path / "run", "--to", "hf", tmp_path / "out")
@@ -128,6 +131,7 @@ def test_gpt2_tokenizer_json_has_gpt2s_ids(tmp_path):
     assert tok.eos_token_id == 50256 and tok.decode(enc.encode_ordinary(text)) == text
 
 
+@pytest.mark.slow
 def test_trained_bpe_tokenizer_json_has_the_same_ids(tmp_path):
     from tiecli.export import hf_tokenizer
 

@@ -114,6 +114,7 @@ def test_aggregates_differences_and_intervals(sweep):
     assert (g["grad_cos_mean"], g["grad_cos_low"], g["grad_cos_high"]) == pytest.approx((mean, low, high))
 
 
+@pytest.mark.slow
 def test_equal_parameter_view(sweep):
     assert tiecli("report", sweep, "--out", sweep / "out").exit_code == 0
     _, groups, _ = results(sweep / "out")
@@ -145,6 +146,7 @@ def test_equal_parameter_view(sweep):
     )
 
 
+@pytest.mark.slow
 def test_claim_verdicts_follow_the_stated_rules(sweep):
     assert tiecli("report", sweep).exit_code == 0
     data, _, claims = results(sweep / "report")
@@ -256,6 +258,7 @@ def test_one_seed_verdicts_are_inconclusive_and_say_why(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_every_output_file_exists_and_the_figures_are_png(sweep):
     out = sweep / "report"
     result = tiecli("report", sweep)
@@ -277,6 +280,7 @@ def test_every_output_file_exists_and_the_figures_are_png(sweep):
     assert all(f"]({name})" in md for name in FIGURES) and "supported" in md
 
 
+@pytest.mark.slow
 def test_broken_runs_are_skipped_with_reasons(sweep):
     broken = sweep.parent / "broken"
     (write_run(broken, "nano", "tied", 0) / "summary.json").unlink()
@@ -310,6 +314,7 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
     assert "Skipped run directories" in (sweep.parent / "out" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_completed_runs_with_nan_or_infinite_losses_are_left_out_each_on_one_named_line(sweep):
     diverged = sweep.parent / "diverged"
     write_run(diverged, "nano", "tied", 3, loss=math.nan)
@@ -334,6 +339,7 @@ def test_completed_runs_with_nan_or_infinite_losses_are_left_out_each_on_one_nam
     assert listed["nano-tied-s3"][5] == "nan"
 
 
+@pytest.mark.slow
 def test_a_second_run_of_a_seed_is_skipped_not_averaged(sweep):
     write_run(sweep.parent / "again", "nano", "tied", 0, loss=9.0)
     assert tiecli("report", sweep, sweep.parent / "again", "--out", sweep.parent / "out").exit_code == 0
@@ -352,6 +358,7 @@ def test_empty_selection_exits_1_with_one_line(tmp_path):
     assert tiecli("report", tmp_path / "runs", "--baseline", "untied").exit_code == 1
 
 
+@pytest.mark.slow
 def test_runs_lists_every_run_directory(sweep):
     write_run(sweep, "nano", "untied", 7, loss=4.0, status="failed")
     (sweep / "broken").mkdir()
@@ -419,6 +426,7 @@ def test_runs_lists_runs_not_config_folders(tmp_path):
     assert tiecli("runs", project / "conf").exit_code == 1  # no run directories there
 
 
+@pytest.mark.slow
 def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
     expected = {
         "tying=foo": "no run has tying=foo; tying values present: tied, untied",
@@ -438,6 +446,7 @@ def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
     )  # numbers compare as numbers
 
 
+@pytest.mark.slow
 def test_without_untied_runs_the_default_baseline_is_no_error(tmp_path):
     for seed in range(2):
         write_run(tmp_path / "runs", "nano", "tied", seed)
@@ -464,6 +473,7 @@ def test_out_must_be_a_folder_before_anything_is_read(sweep, monkeypatch):
     assert (sweep.parent / "taken").read_text() == "a file"
 
 
+@pytest.mark.slow
 def test_claims_compare_any_two_tying_modes(tmp_path):
     """The same numbers under other mode names: claims(tied=..., untied=...) judges them by the same rules."""
     for size, mode in LOSS:
@@ -490,6 +500,7 @@ def test_claims_compare_any_two_tying_modes(tmp_path):
     }  # untied_init: no tie either
 
 
+@pytest.mark.slow
 def test_the_report_never_imports_torch(sweep, tmp_path):
     script = (
         "import io, sys; from pathlib import Path; from rich.console import Console; from tiecli.report import report, runs_table; "

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from conftest import TINY
 from helpers import tiecli
 
@@ -10,6 +11,7 @@ from tiecli import checkpoint, rundir
 SHORT = [o for o in TINY if not o.startswith("train.max_steps=")]
 
 
+@pytest.mark.slow
 def test_resume_a_run_dir_without_retyping_the_overrides_and_extend_it(isolated):
     assert tiecli("train", *SHORT, "train.max_steps=6", "--name", "r").exit_code == 0
     run = isolated / "runs" / "r"
@@ -37,6 +39,7 @@ def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated, ti
     assert rundir.RunReader(isolated / "runs" / "r").summary().step == 12  # untouched
 
 
+@pytest.mark.slow
 def test_resume_with_overrides_equal_to_the_run_is_accepted(isolated):
     """A sweep re-run passes every job's overrides again: equal values are no change."""
     assert tiecli("train", *TINY, "tying=untied", "--name", "r").exit_code == 0
@@ -52,6 +55,7 @@ def one_line(result, code: int, text: str) -> None:
 EVERY_3 = [o for o in SHORT if not o.startswith("train.checkpoint_interval=")] + ["train.checkpoint_interval=3"]
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_keeps_the_last_n_for_sample_and_eval_at_a_step(isolated):
     assert tiecli("train", *EVERY_3, "train.max_steps=12", "train.keep_checkpoints=2", "--name", "k").exit_code == 0
     run, reader = isolated / "runs" / "k", rundir.RunReader(isolated / "runs" / "k")
@@ -75,6 +79,7 @@ def test_keep_checkpoints_keeps_the_last_n_for_sample_and_eval_at_a_step(isolate
     assert reader.kept_steps() == [15]
 
 
+@pytest.mark.slow
 def test_by_default_only_last_pt_is_kept_and_a_negative_count_is_refused(isolated):
     assert tiecli("train", *EVERY_3, "train.max_steps=12", "--name", "d").exit_code == 0
     assert sorted(p.name for p in (isolated / "runs" / "d" / "checkpoints").glob("*.pt")) == ["init.pt", "last.pt"]

@@ -404,6 +404,7 @@ families:
 """
 
 
+@pytest.mark.slow
 def test_a_study_gives_its_primary_comparison_more_seeds_and_declares_families(isolated):
     """`add` repeats the jobs that match (micro, both modes) for seeds 2-4, `when` rules applying to them too;
     `data.split_seed: ${seed}` draws each seed its own held-out split; `families` reaches sweep.json for the report."""
