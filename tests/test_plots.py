@@ -192,6 +192,7 @@ def test_tied_drift_is_drawn_over_the_untied_lines_in_its_own_style(grid):
     )  # every seed's tied line over every untied one
 
 
+@pytest.mark.slow
 def test_perplexity_against_parameters_or_tokens_needs_two_points_on_that_axis(grid):
     with pytest.raises(plots.NotDrawn, match="one model size"):
         plots.ppl_vs_params(grid(1))

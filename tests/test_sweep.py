@@ -378,6 +378,7 @@ def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     assert [size(999), size(1536), size(2**20 - 1), size(3 * 2**40)] == ["999 B", "1.5 KiB", "1.0 MiB", "3.0 TiB"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted((config.default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_study_expands_and_documents_itself(isolated, path):
     result = tiecli("sweep", f"study={path.stem}", "--dry-run", "--no-estimate")
