@@ -189,7 +189,8 @@ def run(tmp_path, name, *overrides):
     return [r.to_dict() for r in rundir.RunReader(tmp_path / name).metrics()]
 
 
-@pytest.mark.parametrize("mode", ["tied", *(pytest.param(m, marks=pytest.mark.slow) for m in ("untied", "partial"))])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["tied", "untied", "partial"])
 def test_diagnostics_do_not_change_training(tmp_path, mode):
     on = run(tmp_path, "on", f"tying={mode}", "diag.every=1")
     off = run(tmp_path, "off", f"tying={mode}", "diag.every=0", "diag.geometry=false")

@@ -180,6 +180,7 @@ def test_rank_shape_splits_the_global_batch_evenly(batch_size, grad_accum, world
     assert micro * steps * world == batch_size * grad_accum and micro <= batch_size
 
 
+@pytest.mark.slow
 def test_gpu_check_skips_cleanly_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the check itself")

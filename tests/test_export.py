@@ -119,6 +119,7 @@ def test_tied_bias_is_refused_for_hf_and_exported_as_safetensors(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_gpt2_tokenizer_json_has_gpt2s_ids(tmp_path):
     from tiecli.export import hf_tokenizer
 

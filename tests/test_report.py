@@ -239,6 +239,7 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
         assert row["verdict"].startswith("no data: needs ") and row["p"] is None
 
 
+@pytest.mark.slow
 def test_one_seed_verdicts_are_inconclusive_and_say_why(tmp_path):
     for mode in ("tied", "untied"):
         for size in SIZES:
