@@ -1,7 +1,12 @@
-"""Shared test setup: one tokenizer/data cache per session, and each test in its own working folder."""
+"""Shared test setup: one tokenizer/data cache per session, and each test in its own working folder.
+
+`slow` (pyproject.toml) marks a test whose cost is training beyond the session's shared runs (DDP, compile,
+real processes, sweeps of jobs, repeated trainings) or a report over many synthetic runs, where a cheaper
+test in its module drives the same code end to end; `pytest -m "not slow"` is the everyday minute."""
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,6 +51,28 @@ def isolated(tmp_path, tmp_path_factory, monkeypatch, tiny_text):
     return tmp_path
 
 
+@pytest.fixture(scope="session")
+def tiny_trained(tmp_path_factory, tiny_text) -> Path:
+    """Run r of TINY (`tiecli train TINY --name r`: 12 steps, checkpoints at 6 and 12), trained once per
+    session in a folder of its own set up as `isolated` sets up a test's. Read it only: tiny_run copies it."""
+    from helpers import tiecli
+
+    folder = tmp_path_factory.mktemp("tiny-trained")
+    os.link(tiny_text, folder / "tiny.txt")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.chdir(folder)
+        result = tiecli("train", *TINY, "--name", "r")
+    assert result.exit_code == 0, result.output
+    return folder / "runs" / "r"
+
+
+@pytest.fixture
+def tiny_run(isolated, tiny_trained) -> Path:
+    """runs/r in the test's folder: its own copy of tiny_trained, to change as it likes."""
+    return Path(shutil.copytree(tiny_trained, isolated / "runs" / "r"))
+
+
 def conf(*overrides):
     """The checked Config that conf/ composes with these overrides: defaults come from conf/ alone."""
     from tiecli import config
@@ -56,3 +83,16 @@ def conf(*overrides):
 def data_config(**changes):
     """The default data settings with some changed."""
     return dataclasses.replace(conf().data, **changes)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """nano and micro, tied and untied, seeds 0-2, as a sweep folder of synthetic runs (helpers.write_run)."""
+    from helpers import LOSS, write_run
+
+    root = tmp_path / "runs" / "sweeps" / "grid"
+    for size, mode in LOSS:
+        for seed in range(3):
+            write_run(root, size, mode, seed)
+    (root / "sweep.json").write_text("{}")
+    return root

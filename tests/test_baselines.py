@@ -51,6 +51,7 @@ def test_a_deterministic_sequence_is_nearly_free_for_the_bigram_but_not_the_unig
     assert scores["bigram"]["perplexity"] < 1.01
 
 
+@pytest.mark.slow
 def test_train_stores_the_baselines_and_the_report_puts_runs_against_them(isolated):
     runner = CliRunner()
     result = runner.invoke(app, ["train", *TINY, "eval.test=false", "--name", "r"])

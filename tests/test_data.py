@@ -68,6 +68,7 @@ def write_corpus(folder, n_bytes, seed=0):
 # --- the split -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shakespeare_split_is_by_whole_plays_and_ignores_the_training_seed():
     cfg = data_config()
     docs = documents(cfg)
@@ -115,6 +116,7 @@ def test_textfile_accepts_folders_and_globs(tmp_path):
     assert by_folder == by_glob and len(by_glob) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "setup, message",
     [
@@ -173,6 +175,7 @@ def bpe_300(tmp_path_factory):
     return tokenizer.bpe("".join(shakespeare_lines()[:20000]), 300, tmp_path_factory.mktemp("bpe"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["document", "block"])
 def test_small_chunks_cut_only_where_no_token_crosses(tmp_path, monkeypatch, bpe_300, split):
     # ~200 chunks in all, each cut at a _SAFE_CUT point: every cut must leave the ids unchanged.
@@ -220,6 +223,7 @@ def test_corpus_is_cached_and_consistent(monkeypatch):
     assert again.key == corpus.key and np.array_equal(again.tokens["val"], corpus.tokens["val"])
 
 
+@pytest.mark.slow
 def test_cache_key_changes_with_any_byte_of_the_data(tmp_path):
     folder = write_corpus(tmp_path / "c", 300_000)
     cfg, tok = data_config(name="textfile", path=str(folder)), conf("tokenizer=bytes").tokenizer
@@ -236,6 +240,7 @@ def test_cache_key_changes_with_any_byte_of_the_data(tmp_path):
     ).key not in (key,)
 
 
+@pytest.mark.slow
 def test_bpe_trains_on_a_bounded_sample_spread_over_the_training_split(tmp_path):
     cfg = data_config()
     src = corpus.source(cfg)
@@ -274,6 +279,7 @@ def hf(**changes):
     )
 
 
+@pytest.mark.slow
 def test_hf_parquet_jsonl_and_saved_dataset_give_the_textfile_tokens(tmp_path, hf_docs):
     import datasets
     import pyarrow as pa
@@ -308,6 +314,7 @@ def test_hf_parquet_jsonl_and_saved_dataset_give_the_textfile_tokens(tmp_path, h
         assert all(np.array_equal(corpus.tokens[s], expected.tokens[s]) for s in data.SPLITS), cfg.files
 
 
+@pytest.mark.slow
 def test_hf_bad_column_and_split_are_config_errors(tmp_path, hf_docs):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -325,6 +332,7 @@ def test_hf_without_datasets_names_the_pip_command(monkeypatch):
         corpus.source(hf(files="tiny.txt"))  # conftest puts it in every test's folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides, code, message",
     [
@@ -342,7 +350,7 @@ def test_bad_hf_input_is_one_line_and_the_right_exit_code(isolated, monkeypatch,
     import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from test_cli import one_line_error, tiecli
+    from helpers import one_line_error, tiecli
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as HF_DATASETS_OFFLINE=1 does
     pq.write_table(pa.table({"text": hf_docs}), "a.parquet")

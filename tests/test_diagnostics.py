@@ -190,7 +190,8 @@ def run(tmp_path, name, *overrides):
     return [r.to_dict() for r in rundir.RunReader(tmp_path / name).metrics()]
 
 
-@pytest.mark.parametrize("mode", ["tied", *(pytest.param(m, marks=pytest.mark.slow) for m in ("untied", "partial"))])
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["tied", "untied", "partial"])
 def test_diagnostics_do_not_change_training(tmp_path, mode):
     on = run(tmp_path, "on", f"tying={mode}", "diag.every=1")
     off = run(tmp_path, "off", f"tying={mode}", "diag.every=0", "diag.geometry=false")
@@ -204,6 +205,7 @@ def test_diagnostics_do_not_change_training(tmp_path, mode):
     assert (tmp_path / "on" / rundir.GEOMETRY).exists() and not (tmp_path / "off" / rundir.GEOMETRY).exists()
 
 
+@pytest.mark.slow
 def test_geometry_is_recorded_at_init_and_every_evaluation(tmp_path):
     run(tmp_path, "r", "tying=untied")
     entries = [e.to_dict() for e in rundir.RunReader(tmp_path / "r").geometry()]
@@ -390,6 +392,7 @@ def test_pair_gradients_of_every_mode(mode):
     assert stats["pair_pull_out"] + stats["pair_push_out"] == pytest.approx(1)  # every row has an output gradient
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["tied", "untied"])
 def test_training_records_the_pair_gradients(tmp_path, mode):
     # byte tokens: single letters are single tokens, so these are pairs of the vocabulary

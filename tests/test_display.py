@@ -25,6 +25,7 @@ def row(step, loss=None, val=None):
     )
 
 
+@pytest.mark.slow
 def test_the_bar_fits_80_columns_with_step_total_and_eta_first():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=80)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import rows
 from typer.testing import CliRunner
 
 from tiecli import config, distributed
@@ -84,11 +85,6 @@ def wait_for_step(run: Path, step: int, procs) -> None:
     pytest.fail(f"no step {step} in {run} after {WAIT_S} s")
 
 
-def rows(run: Path) -> dict[int, dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()[1:]  # the first holds the format
-    return {row["step"]: row for row in map(json.loads, lines)}
-
-
 @pytest.mark.slow
 def test_two_ranks_train_as_one_stop_together_and_resume_exactly(tmp_path):
     """2 ranks against one process on the same global batch: the same losses and gradient statistics
@@ -143,6 +139,7 @@ def test_two_ranks_train_as_one_stop_together_and_resume_exactly(tmp_path):
     assert json.loads((run / "summary.json").read_text())["final_val"]["loss"] == pytest.approx(final_one, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
     args = [*RUN, f"data.path={tmp_path / 'tiny.txt'}", "train.max_steps=500"]
     procs = start_ranks([*args, "--name", "dead"], [tmp_path, tmp_path], tmp_path)
@@ -183,6 +180,7 @@ def test_rank_shape_splits_the_global_batch_evenly(batch_size, grad_accum, world
     assert micro * steps * world == batch_size * grad_accum and micro <= batch_size
 
 
+@pytest.mark.slow
 def test_gpu_check_skips_cleanly_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs the check itself")
@@ -266,6 +264,7 @@ def gpu_check():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_check_names_runs_uniquely_and_computes_mfu_from_steady_steps(tmp_path):
     g = gpu_check()
     checks = ["gpt2 bf16 compile", "gpt2 bf16 compile, diagnostics off", "torchrun --nproc 1 resume 20+20 vs 40"]

@@ -4,14 +4,16 @@ import math
 import re
 from pathlib import Path
 
+import pytest
 from conftest import TINY, conf
-from test_sweep import tiecli
+from helpers import tiecli
 
 from tiecli.sweep import dryrun
 
 ANY_MODEL = [o for o in TINY if o != "model=nano"]
 
 
+@pytest.mark.slow
 def test_a_job_takes_its_steps_and_evaluations_at_the_measured_pace():
     c = conf(*TINY)  # 12 steps, an evaluation every 6 steps: at steps 6 and 12, and one at step 0
     pace = dryrun.Pace(step_s=0.5, eval_batch_s=0.1, steps=3, device="cpu", dtype="fp32")
@@ -24,6 +26,7 @@ def test_a_job_takes_its_steps_and_evaluations_at_the_measured_pace():
     assert dryrun.wall_time([2, 2, 2], 8) == 2
 
 
+@pytest.mark.slow
 def test_sizes_that_share_a_model_batch_and_precision_are_timed_once():
     c = conf(*TINY)
     assert dryrun.size_key(conf(*TINY, "seed=3", "train.evals=1")) == dryrun.size_key(c)
@@ -33,6 +36,7 @@ def test_sizes_that_share_a_model_batch_and_precision_are_timed_once():
     )
 
 
+@pytest.mark.slow
 def test_the_dry_run_times_each_size_here_and_prints_the_estimate(isolated):
     result = tiecli("sweep", *ANY_MODEL, "model=nano,micro", "seed=0,1", "--name", "est", "--dry-run")
     assert result.exit_code == 0, result.output

@@ -18,6 +18,7 @@ def corpus(tmp_path_factory):
     return load_corpus(data_config(), conf("tokenizer=bytes").tokenizer)
 
 
+@pytest.mark.slow
 def test_uniform_model_gives_known_loss_and_bits_per_byte(corpus):
     """A zero output matrix predicts the uniform distribution: loss ln V, bits per byte log2 V."""
     model = GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2, n_embd=16, tying="untied"))
@@ -73,6 +74,7 @@ def tiny_model() -> GPT:
     return GPT(GPTConfig(vocab_size=256, block_size=64, n_layer=1, n_head=2, n_embd=16), seed=3)
 
 
+@pytest.mark.slow
 def test_small_splits_stay_whole_and_large_ones_are_a_seeded_subset_with_its_standard_error(corpus):
     """The bundled corpus fits eval.max_tokens whole (no `subset`); a cap of 50 windows keeps 50 full
     windows, the same ones every time, whose loss estimates the whole split's within its standard error."""
@@ -117,6 +119,7 @@ def _rank_evaluates(rank: int, world: int, init: str, out: str, cache: str) -> N
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_sharded_evaluation_gives_one_process_numbers(corpus, tmp_path):
     """2 gloo ranks each evaluate half the windows; the all-reduced loss, bits per byte, bucket losses and
     standard error are one process's (the sums only add in another order)."""

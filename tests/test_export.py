@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import train_process
 from typer.testing import CliRunner
 
 from tests.conftest import TINY
@@ -19,13 +20,6 @@ transformers = pytest.importorskip("transformers", reason="tiecli[hf] (transform
 safetensors = pytest.importorskip("safetensors", reason="tiecli[hf] (safetensors) is not installed")
 
 runner = CliRunner()
-
-
-def train(*args):
-    """`tiecli train` in its own process, as a user runs it: this test process has imported transformers,
-    whose tokenizers thread pool must not be forked by the data loader's tokenizing processes."""
-    done = subprocess.run([sys.executable, "-m", "tiecli", "train", *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # GPT-2 shaped but tiny; bias=false checks that absent biases export as zeros
@@ -65,6 +59,7 @@ def tiecli_greedy(model, idx, n):
     return idx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [m for m in TYING_MODES if m != "tied_bias"])
 def test_every_mode_reloads_with_the_same_logits(tmp_path, mode):
     model = fake_run(tmp_path / "run", mode, "model.bias=false" if mode == "partial" else "model.bias=true")
@@ -91,6 +86,7 @@ def test_every_mode_reloads_with_the_same_logits(tmp_path, mode):
     assert torch.equal(out, tiecli_greedy(model, prompt, 8))
 
 
+@pytest.mark.slow
 def test_scaled_folds_its_scales_and_stays_tied(tmp_path):
     model = fake_run(tmp_path / "run", "scaled")
     assert model.emb.input_scale == math.sqrt(32) and model.emb.logit_scale == 1 / math.sqrt(32)
@@ -102,6 +98,7 @@ def test_scaled_folds_its_scales_and_stays_tied(tmp_path):
         assert torch.allclose(hf.transformer.ln_f.weight, model.ln_f.weight / 32)
 
 
+@pytest.mark.slow
 def test_tied_bias_is_refused_for_hf_and_exported_as_safetensors(tmp_path):
     model = fake_run(tmp_path / "run", "tied_bias")
     result = export(tmp_path / "run", "--to", "hf", tmp_path / "out")
@@ -122,6 +119,7 @@ def test_tied_bias_is_refused_for_hf_and_exported_as_safetensors(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_gpt2_tokenizer_json_has_gpt2s_ids(tmp_path):
     from tiecli.export import hf_tokenizer
 
@@ -134,6 +132,7 @@ def test_gpt2_tokenizer_json_has_gpt2s_ids(tmp_path):
     assert tok.eos_token_id == 50256 and tok.decode(enc.encode_ordinary(text)) == text
 
 
+@pytest.mark.slow
 def test_trained_bpe_tokenizer_json_has_the_same_ids(tmp_path):
     from tiecli.export import hf_tokenizer
 
@@ -152,7 +151,7 @@ def test_trained_bpe_run_exports_its_tokenizer(tmp_path):
     """End to end, as a user: train a tiny run on the trained BPE, export, load both halves with Auto*."""
     overrides = [o for o in TINY if not o.startswith(("tokenizer=", "train.max_steps="))]
     overrides += ["tokenizer=bpe", "tokenizer.vocab_size=300", "train.max_steps=3"]
-    train(*overrides, "--name", "b")
+    train_process(*overrides, "--name", "b")
     result = export("runs/b", "--to", "hf", tmp_path / "out")
     assert result.exit_code == 0, result.output
     from tiecli.data import load_corpus

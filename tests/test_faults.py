@@ -12,6 +12,7 @@ import errno
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,11 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from helpers import tiecli
 
 from tiecli import checkpoint, rundir
 from tiecli import train as training
-from tiecli.cli import app
 from tiecli.model import GPT
 
 # The issue's tiny config F (each key once: a key given twice is refused), then a short schedule.
@@ -51,17 +51,11 @@ SHORT = [
 RUN = [*F, *SHORT]
 EVALUATE = training.evaluate  # the original, to put back mid-test
 
-runner = CliRunner()
-
 
 def args(*changes: str) -> list[str]:
     """RUN with some keys given other values (or added)."""
     keys = {c.split("=", 1)[0] for c in changes}
     return [a for a in RUN if a.split("=", 1)[0] not in keys] + list(changes)
-
-
-def tiecli(*argv):
-    return runner.invoke(app, [str(a) for a in argv])
 
 
 def catches_sigint(pid: int) -> bool:
@@ -136,6 +130,10 @@ def stripped(run: Path) -> list[dict]:
 @pytest.fixture(autouse=True)
 def corpus(isolated):
     """small.txt: 60 kB of lines, the same in every test, so the token cache is shared."""
+    return write_corpus(isolated)
+
+
+def write_corpus(folder: Path) -> Path:
     rng = random.Random(0)
     words = [
         "the",
@@ -154,18 +152,29 @@ def corpus(isolated):
         "count",
         "stars",
     ]
-    (isolated / "small.txt").write_text(
+    (folder / "small.txt").write_text(
         "".join(" ".join(rng.choice(words) for _ in range(8)) + "\n" for _ in range(1500))
     )
-    return isolated
+    return folder
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A completed run X of RUN, trained once per session in a folder of its own (with small.txt and the
+    session's cache, as `isolated` gives a test); tests get copies through `done`."""
+    folder = write_corpus(tmp_path_factory.mktemp("faults-trained"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+        mp.chdir(folder)
+        result = tiecli("train", *RUN, "--name", "X")
+    assert result.exit_code == 0, result.output
+    return folder / "runs" / "X"
 
 
 @pytest.fixture
-def done(isolated):
-    """A completed run X of RUN (8 steps, checkpoints at 4 and 8)."""
-    result = tiecli("train", *RUN, "--name", "X")
-    assert result.exit_code == 0, result.output
-    return isolated / "runs" / "X"
+def done(isolated, trained):
+    """A completed run X of RUN (8 steps, checkpoints at 4 and 8): the test's own copy of `trained`."""
+    return Path(shutil.copytree(trained, isolated / "runs" / "X"))
 
 
 # --- 1. two writers on one run --------------------------------------------------------------------
@@ -198,6 +207,7 @@ def test_two_writers_at_once_one_trains_the_other_is_refused(isolated):
     assert [p.name for p in (isolated / "runs").iterdir()] == ["X"]  # no temporary folder left
 
 
+@pytest.mark.slow
 def test_a_writer_that_finds_the_run_made_meanwhile_leaves_it_alone(done, monkeypatch):
     """The late side of the race, made certain: the second writer checked before the first had renamed its run into place."""
     before = contents(done)
@@ -207,6 +217,7 @@ def test_a_writer_that_finds_the_run_made_meanwhile_leaves_it_alone(done, monkey
     assert [p.name for p in done.parent.iterdir()] == ["X"]
 
 
+@pytest.mark.slow
 def test_geometry_write_refuses_a_run_being_trained(done):
     before = contents(done)
     with rundir.Lock(done / rundir.LOCK, "run X"):  # what the trainer holds
@@ -254,6 +265,7 @@ def test_block_size_beyond_the_training_split_leaves_nothing(isolated):
     assert not (isolated / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_corpus_of_only_newlines_is_one_line_and_leaves_nothing(isolated):
     (isolated / "blank.txt").write_text("\n" * 5000)
     refused(tiecli("train", *args("data.path=blank.txt"), "--name", "X"), 1, "holds only whitespace")
@@ -292,6 +304,7 @@ def disk_full(*_args, **_kw):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["rename", "init checkpoint"])
 def test_a_full_disk_while_the_run_is_created_leaves_nothing(isolated, monkeypatch, where):
     if where == "rename":
@@ -326,6 +339,7 @@ def sigterm_at_the_step_0_evaluation(monkeypatch):
     monkeypatch.setattr(training, "evaluate", evaluate)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("then", ["resume", "rerun"])
 def test_sigterm_before_the_first_step_then_resume_or_rerun(isolated, monkeypatch, then):
     sigterm_at_the_step_0_evaluation(monkeypatch)
@@ -338,6 +352,7 @@ def test_sigterm_before_the_first_step_then_resume_or_rerun(isolated, monkeypatc
     assert rundir.RunReader(run).summary().status == "completed" and steps_of(run) == [0, 2, 4, 6, 8]
 
 
+@pytest.mark.slow
 def test_an_extension_stopped_midway_resumes_to_its_new_end(done, monkeypatch):
     """--resume train.max_steps=16 records the new length in config.yaml: a plain --resume after a stop continues to 16."""
     calls = {"n": 0}
@@ -422,6 +437,7 @@ def edited_config(run: Path) -> str:
     return "(256, 32) by config.yaml"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [empty_checkpoint, wrong_shape, wrong_shape_inside, wrong_state, edited_config])
 def test_a_checkpoint_of_the_wrong_structure_is_one_line_for_every_command(done, damage):
     text = damage(done)
@@ -433,6 +449,7 @@ def test_a_checkpoint_of_the_wrong_structure_is_one_line_for_every_command(done,
     assert contents(done) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "entry, value", [("optimizer", {"state": {}}), ("rng", {"torch": "seed"}), ("state", {"step": 8, "steps": 1})]
 )
@@ -452,6 +469,7 @@ def test_a_checkpoint_whose_training_state_is_foreign_is_one_line_on_resume(done
 # --- 6. errors of the operating system -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["metrics line", "checkpoint"])
 def test_a_full_disk_mid_run_is_one_line_and_marks_the_run_failed(isolated, monkeypatch, where):
     if where == "metrics line":
@@ -511,6 +529,7 @@ def test_a_read_only_runs_folder_is_one_line(isolated):
         runs.chmod(0o755)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [errno.EACCES, errno.EROFS], ids=["EACCES", "EROFS"])
 def test_a_runs_folder_that_refuses_writes_is_one_line(isolated, monkeypatch, code):
     """What a read-only runs folder (or file system) does to the writer, simulated, so it runs as root too."""
@@ -528,6 +547,7 @@ def test_a_runs_folder_that_refuses_writes_is_one_line(isolated, monkeypatch, co
     assert list(runs.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_runs_dir_that_is_a_file_is_one_line(isolated):
     Path("afile").write_text("not a folder\n")
     refused(tiecli("train", *RUN, "--name", "X", "--runs-dir", "afile"), 1, "the runs directory 'afile' is a file")
@@ -535,6 +555,7 @@ def test_runs_dir_that_is_a_file_is_one_line(isolated):
     assert Path("afile").read_text() == "not a folder\n"
 
 
+@pytest.mark.slow
 def test_names_and_data_paths_over_255_bytes_are_one_line(isolated):
     refused(tiecli("train", *RUN, "--name", "x" * 256), 1, "longer than 255 bytes")
     refused(tiecli("train", *RUN, "--name", "é" * 128), 1, "longer than 255 bytes")  # 256 bytes in UTF-8
@@ -551,6 +572,7 @@ def test_data_path_that_cannot_be_read_is_one_line(isolated):
     assert not (isolated / "runs").exists()
 
 
+@pytest.mark.slow
 def test_report_out_that_is_a_file_is_one_line(done):
     Path("afile").write_text("not a folder\n")
     refused(tiecli("report", done.parent, "--out", "afile"), 1, "--out 'afile' is a file, not a folder")
@@ -560,6 +582,7 @@ def test_report_out_that_is_a_file_is_one_line(done):
 # --- 7. temporary files of a killed writer ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["eval", "resume"])
 def test_temporaries_of_a_killed_writer_go_at_the_next_open(done, command):
     leftovers = [
@@ -582,6 +605,7 @@ def test_temporaries_of_a_killed_writer_go_at_the_next_open(done, command):
 # --- 8. Ctrl-C during the final evaluation, and a second Ctrl-C ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_the_final_evaluation_then_resume_only_evaluates(isolated, monkeypatch):
     def evaluate(*a, **kw):
         if kw.get("check") is not None:  # the whole-split evaluation at the end, not the step evaluations
@@ -749,6 +773,7 @@ def test_a_group_given_twice_is_refused(isolated):
 # --- 4. config values through the CLI (config.py's checks) ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, text",
     [
@@ -783,6 +808,7 @@ def cut_geometry_json(run: Path) -> str:
     return "run X: geometry.json is unreadable"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [cut_eval_json, no_init_checkpoint, cut_geometry_json])
 def test_a_resume_that_could_not_finish_is_refused_before_it_trains_and_the_run_stays_completed(done, damage):
     """Before: the extension trained to step 12, then failed on the file, and the completed run read `failed`."""
@@ -811,6 +837,7 @@ def without_run_ids(run: Path) -> None:
     torch.save(ckpt, run / rundir.CHECKPOINT)
 
 
+@pytest.mark.slow
 def test_another_runs_checkpoint_is_refused_naming_both_sides(done):
     other = train_other("Y", 12)
     (done / rundir.CHECKPOINT).write_bytes((other / rundir.CHECKPOINT).read_bytes())
@@ -837,6 +864,7 @@ def test_another_runs_checkpoint_is_refused_naming_both_sides(done):
     assert contents(done) == before
 
 
+@pytest.mark.slow
 def test_a_run_from_before_run_ids_still_resumes_and_gets_one(done):
     without_run_ids(done)
     result = tiecli("train", "--resume", done, "train.max_steps=12")
@@ -857,6 +885,7 @@ def emptied(metrics: Path) -> str:
     return "metrics.jsonl has no rows"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [cut_mid_file, emptied])
 @pytest.mark.parametrize("old", [False, True], ids=["checkpoint", "old checkpoint"])
 def test_a_resume_after_metrics_lost_rows_says_which_and_changes_nothing(done, damage, old):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
-from test_sweep import one_line_error, tiecli
+from helpers import one_line_error, tiecli
 
 from tiecli import rundir
 from tiecli.sweep import plan
@@ -29,6 +29,7 @@ MANIFEST_FIELDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "manifest, why",
     [
@@ -48,6 +49,7 @@ def test_a_manifest_of_the_wrong_shape_is_one_line(isolated, manifest, why):
     assert json.loads(path.read_text()) == manifest and sorted(p.name for p in path.parent.iterdir()) == [MANIFEST]
 
 
+@pytest.mark.slow
 def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated):
     args = ["sweep", *TINY, "--name", "locked"]
     assert tiecli(*args).exit_code == 0

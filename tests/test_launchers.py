@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY
-from test_sweep import one_line_error, tiecli
+from helpers import one_line_error, tiecli
 
 from tiecli import rundir
 from tiecli.sweep import launchers, plan, scheduler
@@ -90,6 +90,7 @@ def test_submitit_local_runs_real_jobs_and_a_rerun_resumes_the_killed_and_the_pr
     assert f"from step {stopped.step}" in (folder / preempted["log"]).read_text()
 
 
+@pytest.mark.slow
 def test_status_shows_a_sweep_without_running_it(isolated):
     folder, manifest, _ = plan.plan([*TINY, "seed=0,1"], None, Path("runs"), "shown")
     manifest.jobs[0].state, manifest.jobs[0].job_id = "running", "4242_0"  # submitted by a sweep that died
@@ -106,6 +107,7 @@ def test_status_shows_a_sweep_without_running_it(isolated):
     one_line_error(tiecli("sweep", "seed=0", "--status", "shown"), 2, "--status shown shows a sweep")
 
 
+@pytest.mark.slow
 def test_slurm_settings_become_the_job_arrays_sbatch_lines(isolated):
     slurm = [
         "launcher.slurm.partition=gpu",
@@ -149,6 +151,7 @@ def test_slurm_settings_become_the_job_arrays_sbatch_lines(isolated):
     assert not Path("runs").exists()
 
 
+@pytest.mark.slow
 def test_a_missing_submitit_is_one_line_naming_the_extra(isolated, monkeypatch):
     monkeypatch.setitem(sys.modules, "submitit", None)  # what `import submitit` finds when it is not installed
     for launcher in ("submitit_local", "submitit_slurm"):
@@ -187,6 +190,7 @@ def test_bad_launcher_options_exit_2(isolated, monkeypatch):
     assert not Path("runs").exists()
 
 
+@pytest.mark.slow
 def test_each_concurrent_job_gets_its_own_gpu_round_robin(isolated, monkeypatch):
     pool = launchers.GpuPool(["0", "1", "2", "3"], 1)
     assert [pool.take() for _ in range(5)] == ["0", "1", "2", "3", "0"]  # a fifth job shares the least used

@@ -2,7 +2,7 @@
 
 import math
 
-from test_report import LOSS, write_run
+from helpers import LOSS, write_run
 from typer.testing import CliRunner
 
 from tiecli.cli import app

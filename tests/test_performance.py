@@ -18,6 +18,7 @@ def tiny_run(tmp_path, *overrides):
     return train.train(config.to_config(cfg), tmp_path / "run", False, files)
 
 
+@pytest.mark.slow
 def test_throughput_is_timed_after_the_device_finishes_and_only_at_log_steps(tmp_path, monkeypatch):
     """On CUDA the host queues steps ahead of the GPU: tokens/s read before a sync measures the queue.
     fit waits for the device at each logged step (3, 6, 9, 10: diag.every, 12) and at no other."""
@@ -28,6 +29,7 @@ def test_throughput_is_timed_after_the_device_finishes_and_only_at_log_steps(tmp
     assert logged == [3, 6, 9, 10, 12] and synced == ["cpu"] * len(logged)
 
 
+@pytest.mark.slow
 def test_summary_records_the_peak_memory(tmp_path, monkeypatch):
     summary = tiny_run(tmp_path, "eval.test=false")
     stored = json.loads((tmp_path / "run" / rundir.SUMMARY).read_text())
@@ -38,6 +40,7 @@ def test_summary_records_the_peak_memory(tmp_path, monkeypatch):
     assert cuda == {"bytes": 123456789, "of": "cuda max_memory_allocated"}
 
 
+@pytest.mark.slow
 def test_hardware_auto_picks_gpu_defaults_where_cuda_is(monkeypatch):
     """With CUDA, hardware=auto is hardware=gpu: 16 x 1024-token micro-batches, 20 evaluations and 10
     checkpoints a run; device=cpu keeps the CPU defaults, and hardware=gpu picks them without a GPU."""
@@ -54,6 +57,7 @@ def test_hardware_auto_picks_gpu_defaults_where_cuda_is(monkeypatch):
     assert own.model.block_size == 256 and own.train.batch_size == 16
 
 
+@pytest.mark.slow
 def test_explicit_settings_win_over_the_scaled_defaults(monkeypatch):
     """TINY's train.eval_interval, warmup_steps and checkpoint_interval, given alone, replace the defaults
     of train.evals, warmup_fraction and checkpoints, on the GPU defaults too."""
@@ -92,6 +96,7 @@ def test_a_small_micro_batch_on_cuda_gets_a_warning():
     assert distributed.small_batch_warning(torch.device("cuda"), gpu.train, gpu.model.block_size) is None
 
 
+@pytest.mark.slow
 def test_the_final_evaluation_is_bounded_and_its_time_told_before_training(tmp_path, capsys):
     """eval.max_tokens=640 keeps 20 windows of 32 tokens a split, with the standard error in eval.json;
     the expected time of the final evaluation is printed before the first step."""

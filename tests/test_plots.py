@@ -2,7 +2,7 @@
 panel order, a colour and marker per group, whole-number step ticks, titles inside the figure."""
 
 import pytest
-from test_report import write_run
+from helpers import write_run
 
 from tiecli.report import load, plots
 from tiecli.report.compare import compare
@@ -36,9 +36,9 @@ def report_groups(root, baseline="tying=untied"):
 @pytest.fixture
 def grid(tmp_path, monkeypatch):
     """grid(n): the groups of tied and untied runs, seeds 0 and 1, at the first n of nano, micro, small."""
-    import test_report
+    import helpers
 
-    monkeypatch.setattr(test_report, "SIZES", SIZES)
+    monkeypatch.setattr(helpers, "SIZES", SIZES)
 
     def make(n_sizes):
         root = tmp_path / f"sizes{n_sizes}"
@@ -61,6 +61,7 @@ def lines(ax):
     return [line for line in ax.get_lines() if line.get_marker() not in (None, "None", "")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_sizes", [1, 2, 3])
 def test_titles_lie_inside_the_figure(grid, n_sizes):
     groups = grid(n_sizes)
@@ -76,6 +77,7 @@ def test_titles_lie_inside_the_figure(grid, n_sizes):
             )
 
 
+@pytest.mark.slow
 def test_panels_follow_parameter_count_then_the_numbers_in_their_names(grid):
     groups = grid(3)
     for figure in PER_PANEL.values():
@@ -110,6 +112,7 @@ def test_each_group_has_its_own_marker_and_colour(grid):
         assert len(styles) == 4 and len(set(styles)) == 4 and len({m for _, m in styles}) == 4
 
 
+@pytest.mark.slow
 def test_groups_of_one_mode_in_a_panel_are_told_apart(grid):
     """Compared along another axis (here the model), a panel's groups share a tying mode: named by label."""
     groups = grid(2)
@@ -131,6 +134,7 @@ def targets(ax):
     return {line.get_label(): line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"}
 
 
+@pytest.mark.slow
 def test_each_panel_draws_the_target_of_each_of_its_pairs(grid, tmp_path):
     """Targets are per compared pair: the higher of the pair's best losses, in the pair's group's colour."""
     groups = grid(2)
@@ -157,6 +161,7 @@ def test_each_panel_draws_the_target_of_each_of_its_pairs(grid, tmp_path):
     assert targets(ax) == {"target: tied, tied_bias vs untied": 3.5}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_sizes", [1, 3])
 def test_step_axes_have_whole_number_ticks(grid, n_sizes):
     groups = grid(n_sizes)
@@ -169,6 +174,7 @@ def test_step_axes_have_whole_number_ticks(grid, n_sizes):
             assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), (figure.__name__, ticks)
 
 
+@pytest.mark.slow
 def test_tied_drift_is_drawn_over_the_untied_lines_in_its_own_style(grid):
     groups = grid(1)
     ax = plots.drift(groups).axes[0]
@@ -186,6 +192,7 @@ def test_tied_drift_is_drawn_over_the_untied_lines_in_its_own_style(grid):
     )  # every seed's tied line over every untied one
 
 
+@pytest.mark.slow
 def test_perplexity_against_parameters_or_tokens_needs_two_points_on_that_axis(grid):
     with pytest.raises(plots.NotDrawn, match="one model size"):
         plots.ppl_vs_params(grid(1))

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from conftest import TINY
-from test_sweep import tiecli
+from helpers import rows, tiecli
 
 from tiecli import runtime
 
@@ -54,10 +54,6 @@ def test_torch_without_including_emulation_falls_back(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert runtime.pick_dtype("auto", CUDA) == "bf16"
-
-
-def rows(run) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()[1:])}
 
 
 @pytest.mark.slow

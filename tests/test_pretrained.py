@@ -3,13 +3,12 @@
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import one_line_error, train_process
 from typer.testing import CliRunner
 
 from tiecli import geometry, pretrained
@@ -17,13 +16,6 @@ from tiecli.cli import app
 from tiecli.errors import TiecliError
 
 runner = CliRunner()
-
-
-def train(*args):
-    """`tiecli train` in its own process, as a user runs it: this test process has imported transformers,
-    whose tokenizers thread pool must not be forked by the data loader's tokenizing processes."""
-    done = subprocess.run([sys.executable, "-m", "tiecli", "train", *args], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 V, C = 64, 32
@@ -43,12 +35,6 @@ def matrix(seed, n=V):
 
 def geometry_cli(*args):
     return runner.invoke(app, ["geometry", *map(str, args)])
-
-
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    assert text in result.output, result.output
-    assert len(result.output.strip().splitlines()) == 1, result.output
 
 
 # -----------------------------------------------------------------------------
@@ -241,7 +227,7 @@ def test_report_shows_pretrained_models_as_reference_rows(tmp_path):
     from tests.conftest import TINY
     from tiecli.report import reference
 
-    train(*TINY, "--name", "tiny")
+    train_process(*TINY, "--name", "tiny")
     write_gguf(tmp_path / "m.gguf", embd=matrix(0).numpy())
     assert geometry_cli("--model", tmp_path / "m.gguf", "--out", "refs/m").exit_code == 0
 

@@ -3,8 +3,9 @@ one table, and the warning for related forms measured on no pair."""
 
 import dataclasses
 
+import pytest
+from helpers import write_run
 from rich.console import Console
-from test_report import sweep, write_run  # noqa: F401 (sweep: a fixture, nano and micro, tied and untied, 3 seeds)
 from typer.testing import CliRunner
 
 from tiecli.cli import app
@@ -61,7 +62,8 @@ def crowded(lines: list[str]) -> bool:
     return len(lines) > max(2, (len(" ".join(lines).split()) + 1) // 2)
 
 
-def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep):  # noqa: F811
+@pytest.mark.slow
+def test_the_terminal_report_fits_80_columns_with_no_word_per_line_column(sweep):
     result = runner.invoke(app, ["report", str(sweep)], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert max(map(len, result.output.splitlines())) <= 80 and "…" not in result.output
@@ -199,6 +201,7 @@ def test_related_forms_on_no_pair_print_a_warning(tmp_path):
     assert markdown_tables(md)["Warnings"] == ["group", "warning"] and f"| nano tied | {warning} |" in md
 
 
+@pytest.mark.slow
 def test_the_warning_says_which_seeds_and_why_no_pair_was_usable(tmp_path):
     found = {"source": "english suffix rules", "found": 40}
     with_pairs(tmp_path, "nano", "untied", 0, found, 0)

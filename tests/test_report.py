@@ -1,6 +1,5 @@
 """tiecli report and tiecli runs on synthetic run directories, written through rundir.RunWriter, whose numbers are known in advance."""
 
-import dataclasses
 import json
 import math
 import re
@@ -11,7 +10,24 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
-import yaml
+from helpers import (
+    LOSS,
+    SIZES,
+    TOKENS_PER_STEP,
+    V,
+    cka_end,
+    drifts,
+    expected_verdict,
+    forms_contrast,
+    grad_cos,
+    holm,
+    interval,
+    params,
+    results,
+    tiecli,
+    tost,
+    write_run,
+)
 from scipy import stats
 from typer.testing import CliRunner
 
@@ -24,262 +40,6 @@ from tiecli.report.groups import group_runs
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("val_loss.png", "ppl_vs_params.png", "grad_cos.png", "drift.png", "spectra.png")
-
-V = 256  # vocabulary
-SIZES = {
-    "nano": {"n_layer": 2, "n_head": 4, "n_embd": 64, "non_embedding": 40_000},
-    "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128, "non_embedding": 800_000},
-}
-# final val loss by (size, mode): one value per seed 0, 1, 2
-LOSS = {
-    ("nano", "untied"): [3.0, 3.1, 3.2],
-    ("nano", "tied"): [2.9, 3.05, 3.1],
-    ("micro", "untied"): [2.5, 2.6, 2.55],
-    ("micro", "tied"): [2.45, 2.58, 2.5],
-}
-TOKENS_PER_STEP = 1000
-
-
-def params(size, mode):
-    vd, positional = V * SIZES[size]["n_embd"], 128 * SIZES[size]["n_embd"]
-    split = (
-        {"input_embedding": vd, "output_matrix": vd, "shared": 0}
-        if mode == "untied"
-        else {"input_embedding": 0, "output_matrix": 0, "shared": vd}
-    )
-    body = SIZES[size]["non_embedding"]
-    return {**split, "positional": positional, "non_embedding": body, "total": sum(split.values()) + positional + body}
-
-
-def drifts(size, mode, seed):
-    """(input drift, output drift) at the last geometry step."""
-    if mode == "tied":
-        return (0.5 + 0.02 * seed, 0.5 + 0.02 * seed)
-    return (0.3 + 0.01 * seed**2, 0.9 - 0.01 * seed)
-
-
-def grad_cos(mode, seed):
-    """The two logged gradient cosines of a run."""
-    return [-0.1 - 0.01 * seed, -0.2 - 0.02 * seed] if mode == "tied" else [0.05, 0.05 + 0.01 * seed]
-
-
-def cka_end(seed):
-    """Untied runs' CKA(W_in, W_out) at the last geometry entry; 0.2 at step 0."""
-    return 0.2 + 0.01 * seed
-
-
-def forms_contrast(mode, seed):
-    return (0.05 + 0.01 * seed, -0.1 - 0.02 * seed**2) if mode == "untied" else (-0.02, -0.02)
-
-
-def make_run(
-    path,
-    config: dict,
-    seed: int,
-    final_loss: float,
-    rows: list,
-    entries: list,
-    *,
-    params: dict,
-    choices: dict,
-    tokens_per_s: float = 1000.0,
-    status: str = "completed",
-    error: str | None = None,
-    keep_open: bool = False,
-    corpus: dict | None = None,
-):
-    """A run directory written through rundir.RunWriter as `tiecli train` writes one: config (with `seed`),
-    overrides, a first summary, the metrics rows, the geometry entries, a whole-split val evaluation with
-    loss final_loss, then the last summary with `status`. keep_open: return the writer, still holding the
-    run's lock (a run being written right now); else the run's path. corpus: summary.json's (its count-model
-    baselines), else one without baselines, as runs made before them."""
-    config = {**config, "seed": seed}
-    last = max(rows, key=lambda r: r.step)
-    summary = rundir.Summary(
-        name=path.name,
-        status="running",
-        seed=seed,
-        params=params,
-        max_steps=last.step,
-        tokens_per_step=last.tokens // max(last.step, 1),
-        step=0,
-        tokens=0,
-        device="cpu",
-        dtype="fp32",
-        compile=False,
-        versions={"tiecli": "test"},
-        corpus=corpus or {"key": "test"},
-        started="2025-01-01T00:00:00",
-    )
-    overrides = {"overrides": [f"{k}={v}" for k, v in choices.items()] + [f"seed={seed}"], "choices": choices}
-    files = {rundir.CONFIG: yaml.safe_dump(config), rundir.OVERRIDES: yaml.safe_dump(overrides)}
-    writer = rundir.RunWriter.create(path, files, summary, b"not a checkpoint: the report never reads one")
-    for row in rows:
-        writer.log(row)
-    for entry in entries:
-        writer.geometry(entry)
-    final = rundir.EvalResult("val", last.step, final_loss, math.exp(final_loss), final_loss / 2, 5000, 10000, {})
-    writer.eval(final)
-    writer.summary(
-        dataclasses.replace(
-            summary,
-            status=status,
-            error=error,
-            step=last.step,
-            tokens=last.tokens,
-            tokens_per_s=tokens_per_s,
-            final_val=final.brief(),
-        )
-    )
-    if keep_open:
-        return writer
-    writer.close()
-    return path
-
-
-def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=False, named=None):
-    """One run of the grid: final loss `loss`, a val curve [(0, 5.0), (10, loss + 1), (20, loss)], and
-    gradient statistics and geometry. named: the tying mode's name on disk (the numbers are `mode`'s)."""
-    loss = LOSS[(size, mode)][seed] if loss is None else loss
-    name = named or mode
-    shape = {k: v for k, v in SIZES[size].items() if k != "non_embedding"}
-    config = {
-        "device": "auto",
-        "dtype": "auto",
-        "compile": False,
-        "model": {"block_size": 128, "dropout": 0.0, "bias": True, **shape},
-        "train": {
-            "max_steps": 20,
-            "max_tokens": None,
-            "batch_size": 8,
-            "lr": 0.003,
-            "eval_interval": 10,
-            "log_interval": 10,
-        },
-        "eval": {"buckets": [0.5, 0.9]},
-        "diag": {"every": 10, "geometry": True},
-        "tying": {"mode": name},
-        "data": {"name": "shakespeare", "split_seed": 1234},
-        "tokenizer": {"name": "bytes", "vocab_size": V},
-    }
-    cos = grad_cos(mode, seed)
-    rows = [
-        rundir.MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
-        rundir.MetricsRow(
-            step=10,
-            tokens=10 * TOKENS_PER_STEP,
-            lr=0.003,
-            loss=loss + 1.2,
-            val_loss=loss + 1,
-            diag={"grad_cos": cos[0], "grad_cancel": 0.1},
-        ),
-        rundir.MetricsRow(
-            step=20,
-            tokens=20 * TOKENS_PER_STEP,
-            lr=0.003,
-            loss=loss + 0.1,
-            val_loss=loss,
-            diag={"grad_cos": cos[1], "grad_cancel": 0.2},
-        ),
-    ]
-    d_in, d_out = drifts(size, mode, seed)
-    c_in, c_out = forms_contrast(mode, seed)
-    n_embd = SIZES[size]["n_embd"]
-
-    def side(drift, contrast):
-        return {
-            "drift": drift,
-            "anisotropy": 0.1,
-            "effective_rank": n_embd / 2,
-            "forms_contrast": contrast,
-            "singular_values": [float(n_embd - i) for i in range(n_embd)],
-        }
-
-    def agreement(cka):
-        return None if mode == "tied" else {"row_cosine": 0.01, "cka": cka, "knn_overlap": 0.0, "distance": 1.4}
-
-    entries = [
-        rundir.GeometryEntry(
-            step=0,
-            tied=mode == "tied",
-            n_tokens=V,
-            input=side(0.0, 0.0),
-            output=side(0.0, 0.0),
-            agreement=agreement(0.2),
-        ),
-        rundir.GeometryEntry(
-            step=20,
-            tied=mode == "tied",
-            n_tokens=V,
-            input=side(d_in, c_in),
-            output=side(d_out, c_out),
-            agreement=agreement(cka_end(seed)),
-        ),
-    ]
-    return make_run(
-        root / f"{size}-{name}-s{seed}",
-        config,
-        seed,
-        loss,
-        rows,
-        entries,
-        params=params(size, mode),
-        choices={"model": size, "tying": name, "data": "shakespeare", "tokenizer": "bytes"},
-        tokens_per_s=1000.0 + seed,
-        status=status,
-        keep_open=keep_open,
-        error="RuntimeError: CUDA out of memory" if status == "failed" else None,
-    )
-
-
-@pytest.fixture
-def sweep(tmp_path):
-    """nano and micro, tied and untied, seeds 0-2, as a sweep folder."""
-    root = tmp_path / "runs" / "sweeps" / "grid"
-    for size, mode in LOSS:
-        for seed in range(3):
-            write_run(root, size, mode, seed)
-    (root / "sweep.json").write_text("{}")
-    return root
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def interval(values):
-    """Mean and 95% t-interval, computed here independently of tiecli.report."""
-    n, mean = len(values), statistics.fmean(values)
-    half = stats.t.ppf(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
-def holm(p):
-    """Holm-Bonferroni adjusted p-values, written out here from the definition."""
-    m, order = len(p), sorted(range(len(p)), key=lambda i: p[i])
-    adjusted = [0.0] * m
-    for k, i in enumerate(order):
-        adjusted[i] = min(1.0, max((m - j) * p[order[j]] for j in range(k + 1)))
-    return adjusted
-
-
-def tost(values, margin):
-    """Equivalence p-value: two one-sided t-tests against -margin and +margin, doubled (95% interval inside +-margin)."""
-    low = stats.ttest_1samp(values, -margin, alternative="greater").pvalue
-    high = stats.ttest_1samp(values, margin, alternative="less").pvalue
-    return min(1.0, 2 * max(low, high))
-
-
-def expected_verdict(row):
-    """The stated rule, applied to a results.json claim row whose p-values the test has checked."""
-    mean, sesoi = row["interval"]["mean"], row["sesoi"]
-    if row["p_holm"] < 0.05:
-        if sesoi and abs(mean) < sesoi:
-            return "negligible"
-        return "supported" if (mean > 0) == (row["direction"] > 0) else "contradicted"
-    if row["p_equiv_holm"] is not None and row["p_equiv_holm"] < 0.05:
-        return "equivalent"
-    return "inconclusive"
 
 
 def delta_loss(size):
@@ -303,11 +63,6 @@ def ppl(size, mode):
 def steps_to(target, loss):
     """The curve (10, loss + 1) -> (20, loss) crosses target at 10 + 10 * (loss + 1 - target)."""
     return 10 + 10 * (loss + 1 - target)
-
-
-def results(out):
-    data = json.loads((out / "results.json").read_text())
-    return data, {g["group"]: g for g in data["groups"]}, {(c["claim"], c["comparison"]): c for c in data["claims"]}
 
 
 def test_aggregates_differences_and_intervals(sweep):
@@ -359,6 +114,7 @@ def test_aggregates_differences_and_intervals(sweep):
     assert (g["grad_cos_mean"], g["grad_cos_low"], g["grad_cos_high"]) == pytest.approx((mean, low, high))
 
 
+@pytest.mark.slow
 def test_equal_parameter_view(sweep):
     assert tiecli("report", sweep, "--out", sweep / "out").exit_code == 0
     _, groups, _ = results(sweep / "out")
@@ -390,6 +146,7 @@ def test_equal_parameter_view(sweep):
     )
 
 
+@pytest.mark.slow
 def test_claim_verdicts_follow_the_stated_rules(sweep):
     assert tiecli("report", sweep).exit_code == 0
     data, _, claims = results(sweep / "report")
@@ -482,6 +239,7 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
         assert row["verdict"].startswith("no data: needs ") and row["p"] is None
 
 
+@pytest.mark.slow
 def test_one_seed_verdicts_are_inconclusive_and_say_why(tmp_path):
     for mode in ("tied", "untied"):
         for size in SIZES:
@@ -501,6 +259,7 @@ def test_one_seed_verdicts_are_inconclusive_and_say_why(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_every_output_file_exists_and_the_figures_are_png(sweep):
     out = sweep / "report"
     result = tiecli("report", sweep)
@@ -522,6 +281,7 @@ def test_every_output_file_exists_and_the_figures_are_png(sweep):
     assert all(f"]({name})" in md for name in FIGURES) and "supported" in md
 
 
+@pytest.mark.slow
 def test_broken_runs_are_skipped_with_reasons(sweep):
     broken = sweep.parent / "broken"
     (write_run(broken, "nano", "tied", 0) / "summary.json").unlink()
@@ -555,6 +315,7 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
     assert "Skipped run directories" in (sweep.parent / "out" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_completed_runs_with_nan_or_infinite_losses_are_left_out_each_on_one_named_line(sweep):
     diverged = sweep.parent / "diverged"
     write_run(diverged, "nano", "tied", 3, loss=math.nan)
@@ -579,6 +340,7 @@ def test_completed_runs_with_nan_or_infinite_losses_are_left_out_each_on_one_nam
     assert listed["nano-tied-s3"][5] == "nan"
 
 
+@pytest.mark.slow
 def test_a_second_run_of_a_seed_is_skipped_not_averaged(sweep):
     write_run(sweep.parent / "again", "nano", "tied", 0, loss=9.0)
     assert tiecli("report", sweep, sweep.parent / "again", "--out", sweep.parent / "out").exit_code == 0
@@ -597,6 +359,7 @@ def test_empty_selection_exits_1_with_one_line(tmp_path):
     assert tiecli("report", tmp_path / "runs", "--baseline", "untied").exit_code == 1
 
 
+@pytest.mark.slow
 def test_runs_lists_every_run_directory(sweep):
     write_run(sweep, "nano", "untied", 7, loss=4.0, status="failed")
     (sweep / "broken").mkdir()
@@ -664,6 +427,7 @@ def test_runs_lists_runs_not_config_folders(tmp_path):
     assert tiecli("runs", project / "conf").exit_code == 1  # no run directories there
 
 
+@pytest.mark.slow
 def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
     expected = {
         "tying=foo": "no run has tying=foo; tying values present: tied, untied",
@@ -683,6 +447,7 @@ def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
     )  # numbers compare as numbers
 
 
+@pytest.mark.slow
 def test_without_untied_runs_the_default_baseline_is_no_error(tmp_path):
     for seed in range(2):
         write_run(tmp_path / "runs", "nano", "tied", seed)
@@ -709,6 +474,7 @@ def test_out_must_be_a_folder_before_anything_is_read(sweep, monkeypatch):
     assert (sweep.parent / "taken").read_text() == "a file"
 
 
+@pytest.mark.slow
 def test_claims_compare_any_two_tying_modes(tmp_path):
     """The same numbers under other mode names: claims(tied=..., untied=...) judges them by the same rules."""
     for size, mode in LOSS:
@@ -735,6 +501,7 @@ def test_claims_compare_any_two_tying_modes(tmp_path):
     }  # untied_init: no tie either
 
 
+@pytest.mark.slow
 def test_the_report_never_imports_torch(sweep, tmp_path):
     script = (
         "import io, sys; from pathlib import Path; from rich.console import Console; from tiecli.report import report, runs_table; "

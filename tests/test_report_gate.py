@@ -4,7 +4,8 @@ verdicts when none fires. Synthetic run directories whose R4 verdict is "support
 
 import math
 
-from test_report import TOKENS_PER_STEP, V, make_run, params, results, tiecli
+import pytest
+from helpers import TOKENS_PER_STEP, V, make_run, params, results, tiecli
 
 from tiecli import rundir
 
@@ -66,6 +67,7 @@ def report(root, *args):
     return result.output, (out / "report.md").read_text(), data, claims
 
 
+@pytest.mark.slow
 def test_two_seeds_on_the_plateau_at_one_untuned_lr_withhold_every_verdict_and_say_why(tmp_path):
     """The issue's scenario: 2 seeds, the tied runs at 1.00x the unigram perplexity, one shared lr."""
     for seed in (0, 1):
@@ -110,6 +112,7 @@ def test_two_seeds_on_the_plateau_at_one_untuned_lr_withhold_every_verdict_and_s
     assert "verdict labels" in data["rules"]
 
 
+@pytest.mark.slow
 def test_three_seeds_off_the_plateau_with_each_lr_selected_give_plain_verdicts(tmp_path):
     for lr, offset in ((0.001, 0.2), (0.003, 0.0)):
         for seed in range(3):

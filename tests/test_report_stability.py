@@ -12,8 +12,8 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from helpers import V, expected_verdict, interval, make_run, params, results, tiecli, tost
 from scipy import stats
-from test_report import V, expected_verdict, interval, make_run, params, results, tiecli, tost
 
 from tiecli import rundir
 
@@ -164,6 +164,7 @@ def check_row(row, values, direction, sesoi):
     assert row["verdict"] == expected_verdict(row), row
 
 
+@pytest.mark.slow
 def test_drift_is_judged_tied_against_the_untied_input_matrix(pairs):
     """nano: the tied matrix drifts 2.3x as far as untied's input matrix (as the CPU studies found): contradicted,
     whatever untied's output matrix does; micro: ratios 0.99, 1.00, 1.01: within the 10% SESOI, equivalent."""
@@ -180,6 +181,7 @@ def test_drift_is_judged_tied_against_the_untied_input_matrix(pairs):
     assert "10% drift" in data["rules"]["smallest effect of interest (SESOI)"]
 
 
+@pytest.mark.slow
 def test_stability_rows_count_spikes_and_read_early_grad_norm_jitter(pairs):
     """nano: untied has 3 spikes a seed, tied none (supported, no spread); micro: one each (equivalent). Jitter: untied's
     early norms swing, tied's fall smoothly (supported); tied's late wild swings are outside the first 20% and ignored."""
@@ -241,6 +243,7 @@ def grid(root, seeds=4, tied_diverges=()):
         run_dir(root, "micro", mode, 0, 3.0, lr=0.003)
 
 
+@pytest.mark.slow
 def test_divergence_is_judged_across_the_lr_grid_with_an_exact_test(tmp_path):
     """9 pairs diverge untied only (4 seeds x 2 top rates at nano, one micro pair above its step-0 loss), none tied
     only: exact McNemar p = 2 / 2^9, supported. --select keeps one learning rate per group, yet the row reads every
@@ -256,6 +259,7 @@ def test_divergence_is_judged_across_the_lr_grid_with_an_exact_test(tmp_path):
     assert len(data["divergence"]) == 36 and sum(r["diverged"] for r in data["divergence"]) == 9
 
 
+@pytest.mark.slow
 def test_divergence_with_discordance_both_ways_or_one_rate_is_not_supported(tmp_path):
     """Tied diverges too, at 0.003 for every seed: 9 pairs untied only, 4 tied only: inconclusive; one rate: no data."""
     grid(tmp_path / "runs", tied_diverges={(0.003, s) for s in range(4)})
@@ -291,6 +295,7 @@ def test_every_report_states_precision_and_threads(tmp_path):
     assert {(r["dtype"], r["threads"]) for r in rows} == {("bf16", "2"), ("fp32", "")}
 
 
+@pytest.mark.slow
 def test_train_records_its_threads(tmp_path):
     from conftest import TINY
 
@@ -313,6 +318,7 @@ def number(text):
     return float(text) if text not in ("", None) else None
 
 
+@pytest.mark.slow
 def test_claim_rows_are_recomputed_from_results_csv_alone(pairs):
     """C6, R6, R5/C2 gap (equal fit), R5/C6 (trend), C2/C7 drift and both stability rows, from results.csv's columns
     and nothing else: the per-seed values, paired through each group row's baseline, give each row's interval."""
@@ -357,6 +363,7 @@ def test_claim_rows_are_recomputed_from_results_csv_alone(pairs):
     assert claims[("R5/C6 (trend)", "nano tied -> micro tied")]["p"] == pytest.approx(fit.pvalue)
 
 
+@pytest.mark.slow
 def test_the_divergence_row_is_recomputed_from_results_csv_alone(tmp_path):
     grid(tmp_path / "runs")
     _, _, claims, _ = report(tmp_path / "runs", "--select", "train.lr")

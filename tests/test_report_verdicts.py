@@ -11,8 +11,8 @@ import statistics
 
 import pytest
 import yaml
+from helpers import TOKENS_PER_STEP, V, holm, interval, make_run, params, results, tiecli, tost
 from scipy import stats
-from test_report import TOKENS_PER_STEP, V, holm, interval, make_run, params, results, tiecli, tost
 
 from tiecli import rundir
 
@@ -108,6 +108,7 @@ def report(root, *args):
 # --- R4: against the untied runs' cosine -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_r4_judges_the_tied_cosine_against_the_untied_one(tmp_path):
     """nano: tied and untied paths equally negative (Δcos ~ 0: equivalent, though tied cos < 0 alone reads "supported");
     micro: tied -0.31 against untied ~0 (supported)."""
@@ -164,6 +165,7 @@ def pair_diag(claimed, null, pull_in=0.6, push_out=0.6, cos=-0.5):
     }
 
 
+@pytest.mark.slow
 def test_r4_pairs_judges_the_opposition_against_the_matched_null(tmp_path):
     """nano: 10-12 more pairs in 100 in the claimed opposition than matched random pairs (supported), though the
     global cosine of the same runs reads nothing; micro: the related pairs like the random ones (equivalent, within
@@ -200,6 +202,7 @@ def test_r4_pairs_judges_the_opposition_against_the_matched_null(tmp_path):
     assert "SESOI 0.02" in data["rules"]["claim R4 (pairs)"]
 
 
+@pytest.mark.slow
 def test_r4_pairs_without_pair_statistics_has_no_data(tmp_path):
     """Runs from before the pair statistics (grad_cos alone) still load; the row names what it needs."""
     for seed in range(2):
@@ -214,6 +217,7 @@ def test_r4_pairs_without_pair_statistics_has_no_data(tmp_path):
 # --- C2/C7: in/out agreement, not drift ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_c2_c7_reads_in_out_agreement_without_a_tie_not_drift(tmp_path):
     """untied_init starts identical (CKA 1, distance 0) and moves apart: supported; untied starts unrelated and comes
     together: contradicted. The tied matrix drifts less than the untied ones: that is C2/C7 drift's row, not these."""
@@ -303,6 +307,7 @@ def holm_grid(root):
     return deltas
 
 
+@pytest.mark.slow
 def test_verdicts_use_holm_adjusted_p_values_and_the_sesoi(tmp_path):
     deltas = holm_grid(tmp_path / "runs")
     data, _, claims = report(tmp_path / "runs")
@@ -347,6 +352,7 @@ def family_runs(root, gap_rows):
         synth(root, "tied", seed, base + d, train=train(base + d, 0.3 + g))
 
 
+@pytest.mark.slow
 def test_a_c6_verdict_does_not_change_when_unrelated_rows_are_added(tmp_path):
     """Holm within each family: the C6 row's adjusted p and verdict are the same with and without the gap rows
     in the report (across all rows, the gap rows' tests would raise C6's Holm p above 0.05)."""
@@ -374,6 +380,7 @@ def tiecli_report(tmp_path, name, *args):
     return results(tmp_path / f"{name}-out")
 
 
+@pytest.mark.slow
 def test_families_declared_by_the_study_reach_the_report_through_sweep_json(tmp_path):
     """A sweep.json whose study declares {outcome: [C6, R5/C2 gap]}: C6 and the gap row share one Holm family;
     --family replaces it; two sweeps declaring different families, or a bad --family, are one-line errors."""
@@ -409,6 +416,7 @@ def test_families_declared_by_the_study_reach_the_report_through_sweep_json(tmp_
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_the_sesoi_is_settable_and_checked(tmp_path):
     holm_grid(tmp_path / "runs")
     data, _, claims = report(tmp_path / "runs", "--sesoi", "ppl=0.1", "--sesoi", "cka=0.1")
@@ -442,6 +450,7 @@ def steps_to(curve, target):
     return s0 + (l0 - target) / (l0 - l1) * (s1 - s0), i
 
 
+@pytest.mark.slow
 def test_the_convergence_target_belongs_to_the_pair(tmp_path):
     """tied reaches 2.0, untied 2.1, scaled (slow) only 2.6. Adding scaled to the report leaves the tied-vs-untied
     target (the higher of the two groups' best losses) and so its Δsteps unchanged."""
@@ -476,6 +485,7 @@ def test_the_convergence_target_belongs_to_the_pair(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_fixed_target_and_a_coarse_one_are_stated(tmp_path):
     for seed in range(3):
         synth(tmp_path / "runs", "tied", seed, 2.0 + 0.01 * seed, curve=decay(2.0 + 0.01 * seed, 30))
@@ -502,6 +512,7 @@ def test_a_fixed_target_and_a_coarse_one_are_stated(tmp_path):
 # --- R5/C6: the sign at the smallest size and the trend ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "nano, micro, verdicts",
     [
@@ -540,6 +551,7 @@ def test_the_size_claim_needs_the_smallest_size_and_the_trend(tmp_path, nano, mi
 # --- equal total parameters, equal compute -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_equal_parameters_refuses_a_non_monotone_bracket(tmp_path):
     """micro tied lies between nano untied and micro untied in total parameters, but micro untied ends worse than nano."""
     for seed in range(3):
@@ -552,6 +564,7 @@ def test_equal_parameters_refuses_a_non_monotone_bracket(tmp_path):
     assert "Validation at equal total parameters (smaller body)" in (tmp_path / "out" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_equal_compute_interpolates_the_baseline_in_log_flops(tmp_path):
     """untied at 10k and 40k tokens; tied at 20k (halfway in log FLOPs: the same matmul parameters, twice the tokens)
     and at 40k (exactly the untied run's FLOPs: equal compute is then equal architecture)."""
@@ -588,6 +601,7 @@ def test_equal_compute_interpolates_the_baseline_in_log_flops(tmp_path):
     assert "6 x (non-embedding parameters + V x C) x tokens" in data["rules"]["equal compute"]
 
 
+@pytest.mark.slow
 def test_r5_fits_the_penalty_against_tokens_seen_and_draws_that_axis(tmp_path):
     """tied's penalty 0.3 nats at 10k tokens and 0.1 at 100k: a slope of -0.2 per decade, against R5's claim."""
     penalty = {10: [0.30, 0.32, 0.28], 100: [0.10, 0.09, 0.11]}
@@ -618,6 +632,7 @@ def test_r5_fits_the_penalty_against_tokens_seen_and_draws_that_axis(tmp_path):
 # --- generalisation gap and the test split -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_generalisation_gap_and_the_test_split(tmp_path):
     gap = {"tied": [0.05, 0.06, 0.04], "untied": [0.20, 0.22, 0.18]}
     test = {"tied": [3.02, 3.11, 3.07], "untied": [3.10, 3.12, 3.15]}
@@ -660,6 +675,7 @@ def test_the_gap_falls_back_on_the_training_windows_of_metrics(tmp_path):
     assert "val split" in claims[("C6", "nano tied")]["figure"]  # no test evaluation: final numbers on val
 
 
+@pytest.mark.slow
 def test_the_equal_fit_gap_removes_the_gap_of_a_run_that_learned_less(tmp_path):
     """Both modes trace the same val-vs-train curve (val = train + 0.1 (5 - train)), but tied stops
     earlier, at train 4.0 against untied's 3.0: its end-of-training gap is smaller (0.1 against 0.2)
@@ -689,6 +705,7 @@ def test_the_equal_fit_gap_removes_the_gap_of_a_run_that_learned_less(tmp_path):
 # --- --select -----------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_select_compares_each_mode_at_its_own_best_value(tmp_path):
     """tied is best at lr 0.001, untied at 0.003 (seed-mean final val loss): they are compared there."""
     loss = {
@@ -755,6 +772,7 @@ def budget_runs(root, losses, budgets, train_tokens=None):
                 )
 
 
+@pytest.mark.slow
 def test_r6_reads_tokens_to_a_loss_across_budgets_not_one_schedule(tmp_path):
     """End-of-schedule loss linear in log tokens; tied's curve is untied's shifted to r = 1.25, 1.27, 1.29 times the
     tokens (by seed). Read at a loss both curves span, interpolated in log tokens, tied needs exactly r times the
@@ -792,6 +810,7 @@ def test_r6_reads_tokens_to_a_loss_across_budgets_not_one_schedule(tmp_path):
     assert fixed[("R6", ladder)]["interval"]["mean"] == pytest.approx(statistics.fmean(log_ratio))
 
 
+@pytest.mark.slow
 def test_r5_judges_only_budgets_that_see_each_token_at_most_once(tmp_path):
     """Budgets of 0.5, 1, 2 and 4 epochs: tied's penalty shrinks with repeats (as regularisation predicts) but not
     across 0.5 -> 1 epoch. The judged row reads the two fresh-data budgets only; the whole ladder is shown, not tested."""
@@ -816,6 +835,7 @@ def test_r5_judges_only_budgets_that_see_each_token_at_most_once(tmp_path):
 # --- the held-out split as a second random factor --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_split_seed_that_varies_with_the_seed_is_part_of_the_unit(tmp_path):
     """data.split_seed = seed (a study's `data.split_seed: ${seed}`): one group per mode, not one per split, and
     tied pairs with untied by (seed, split_seed); untied's seed 2 held out another split, so it pairs with nothing.

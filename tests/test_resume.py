@@ -2,20 +2,16 @@
 
 import json
 
+import pytest
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import tiecli
 
 from tiecli import checkpoint, rundir
-from tiecli.cli import app
 
-runner = CliRunner()
 SHORT = [o for o in TINY if not o.startswith("train.max_steps=")]
 
 
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
+@pytest.mark.slow
 def test_resume_a_run_dir_without_retyping_the_overrides_and_extend_it(isolated):
     assert tiecli("train", *SHORT, "train.max_steps=6", "--name", "r").exit_code == 0
     run = isolated / "runs" / "r"
@@ -35,8 +31,7 @@ def test_resume_a_run_dir_without_retyping_the_overrides_and_extend_it(isolated)
     assert result.exit_code == 0 and "already complete (step 12)" in result.output
 
 
-def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated):
-    assert tiecli("train", *TINY, "--name", "r").exit_code == 0
+def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated, tiny_run):
     for override, key in (("train.lr=0.1", "train.lr"), ("model.n_embd=32", "model.n_embd"), ("tying=untied", "tying")):
         result = tiecli("train", "--resume", "runs/r", override, "train.max_steps=20")
         assert result.exit_code == 2 and key in result.output and "--resume" in result.output, result.output
@@ -44,6 +39,7 @@ def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated):
     assert rundir.RunReader(isolated / "runs" / "r").summary().step == 12  # untouched
 
 
+@pytest.mark.slow
 def test_resume_with_overrides_equal_to_the_run_is_accepted(isolated):
     """A sweep re-run passes every job's overrides again: equal values are no change."""
     assert tiecli("train", *TINY, "tying=untied", "--name", "r").exit_code == 0
@@ -59,6 +55,7 @@ def one_line(result, code: int, text: str) -> None:
 EVERY_3 = [o for o in SHORT if not o.startswith("train.checkpoint_interval=")] + ["train.checkpoint_interval=3"]
 
 
+@pytest.mark.slow
 def test_keep_checkpoints_keeps_the_last_n_for_sample_and_eval_at_a_step(isolated):
     assert tiecli("train", *EVERY_3, "train.max_steps=12", "train.keep_checkpoints=2", "--name", "k").exit_code == 0
     run, reader = isolated / "runs" / "k", rundir.RunReader(isolated / "runs" / "k")
@@ -82,6 +79,7 @@ def test_keep_checkpoints_keeps_the_last_n_for_sample_and_eval_at_a_step(isolate
     assert reader.kept_steps() == [15]
 
 
+@pytest.mark.slow
 def test_by_default_only_last_pt_is_kept_and_a_negative_count_is_refused(isolated):
     assert tiecli("train", *EVERY_3, "train.max_steps=12", "--name", "d").exit_code == 0
     assert sorted(p.name for p in (isolated / "runs" / "d" / "checkpoints").glob("*.pt")) == ["init.pt", "last.pt"]

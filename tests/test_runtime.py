@@ -125,6 +125,7 @@ def fresh_threads(monkeypatch):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_a_busy_machine_trains_on_the_free_cores_and_says_so(isolated, fresh_threads):
     from typer.testing import CliRunner
 

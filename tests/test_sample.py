@@ -7,25 +7,12 @@ import pytest
 import tiktoken
 import torch
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import one_line_error, tiecli
 
 from tiecli import checkpoint, config, rundir, tokenizer
-from tiecli.cli import app
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, TYING_MODES
 from tiecli.sample import Options, draw, encode_prompt, pick, prepare, sample_run
-
-runner = CliRunner()
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    assert text in result.output and "Traceback" not in result.output
-    assert result.output.strip().count("\n") == 0, result.output
 
 
 def make_run(path: Path, *overrides: str, weights: bool = True):
@@ -57,6 +44,7 @@ def model_logprobs(model: GPT, prompt_ids: list[int], ids: list[int]) -> torch.T
     return logprobs[len(prompt_ids) - 1 :].gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", TYING_MODES)
 def test_every_mode_samples_reproducibly_with_its_own_logprobs(tmp_path, mode):
     c, model = make_run(tmp_path / mode, f"tying={mode}")
@@ -107,6 +95,7 @@ def test_pick_draws_from_the_filtered_distribution():
         assert picks == {0, 1}
 
 
+@pytest.mark.slow
 def test_cli_sample_json_compare_and_the_sample_after_training(tmp_path):
     result = tiecli("train", *TINY, "train.sample_tokens=24", "--name", "t")
     assert result.exit_code == 0, result.output
@@ -125,6 +114,7 @@ def test_cli_sample_json_compare_and_the_sample_after_training(tmp_path):
     assert table.exit_code == 0 and "t (step 12)" in table.output and "fresh (step 0)" in table.output
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line(tmp_path):
     make_run(tmp_path / "bare", weights=False)
     make_run(tmp_path / "run")
@@ -155,6 +145,7 @@ def test_a_prompt_the_tokenizer_cannot_encode():
     assert tokenizer.byte_level().decode(encode_prompt(tokenizer.byte_level(), text, 256)) == text
 
 
+@pytest.mark.slow
 def test_one_sample_streams_token_by_token_and_long_prompts_are_cut(tmp_path):
     c, _ = make_run(tmp_path / "run")
     o = options(num_samples=1, max_new_tokens=40, prompt="ROMEO:")

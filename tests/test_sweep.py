@@ -12,21 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import TINY
+from helpers import one_line_error, tiecli
 from rich.console import Console
-from typer.testing import CliRunner
 
 from tiecli import config, rundir
-from tiecli.cli import app
 from tiecli.sweep import dryrun, plan, scheduler, status
 from tiecli.sweep.manifest import MANIFEST
 
-runner = CliRunner()
 TEXT = "".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs.\n" for i in range(2000))
 NODATA = [o for o in TINY if not o.startswith(("data=", "data."))]  # for tests that pick their own corpus
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def dry_run(*args) -> list[list[str]]:
@@ -36,12 +30,7 @@ def dry_run(*args) -> list[list[str]]:
     return [line.split("]: ", 1)[1].split() for line in result.output.splitlines() if "]: " in line]
 
 
-def one_line_error(result, code, text):
-    assert result.exit_code == code, result.output
-    assert text in result.output and "Traceback" not in result.output
-    assert result.output.strip().count("\n") == 0, result.output
-
-
+@pytest.mark.slow
 def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
     assert dry_run("model=nano,micro", "tying=tied,untied", "seed=0", "train.lr=1e-3") == [
         ["model=nano", "tying=tied", "seed=0", "train.lr=1e-3"],
@@ -58,6 +47,7 @@ def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
     assert not Path("runs").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_studies_and_overrides_on_top(isolated):
     result = tiecli("sweep", "study=tying_vs_size", "--dry-run", "--no-estimate")
     assert result.exit_code == 0 and result.output.startswith(
@@ -94,6 +84,7 @@ RULES = """  - match: {tying: tied}
 """
 
 
+@pytest.mark.slow
 def test_when_rules_give_matching_jobs_their_own_settings(isolated):
     Path("mine/study").mkdir(parents=True)
     Path("mine/study/lrs.yaml").write_text(WHEN_STUDY + RULES)
@@ -140,6 +131,7 @@ def test_bad_grids_exit_2_and_write_nothing(isolated):
     assert not Path("runs").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated):
     Path("good.txt").write_text(TEXT)
     args = ["sweep", *NODATA, "data=textfile", "data.path=good.txt,missing.txt", "--name", "files", "--jobs", "2"]
@@ -276,6 +268,7 @@ def test_without_a_terminal_each_running_job_gets_a_progress_line_at_a_steady_rh
     ]
 
 
+@pytest.mark.slow
 def test_a_sweep_in_a_log_file_prints_progress_lines(isolated):
     args = [
         *[o for o in TINY if not o.startswith("train.max_steps=")],
@@ -318,6 +311,7 @@ def test_the_eta_counts_down_between_logged_steps(monkeypatch):
     assert eta_at(50, 30) == 95
 
 
+@pytest.mark.slow
 def test_default_names_are_shell_safe_short_and_unique(isolated):
     modes = ["hybrid", "partial", "scaled", "tied", "tied_bias", "untied"]
     cases = [
@@ -358,6 +352,7 @@ def test_default_names_are_shell_safe_short_and_unique(isolated):
     assert not Path("runs").exists()
 
 
+@pytest.mark.slow
 def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     grid = ["tying=tied,untied", "train.evals=4", "train.warmup_fraction=0.25", "diag.max_snapshots=3"]
     result = tiecli("sweep", *TINY, *grid, "--dry-run", "--no-estimate")
@@ -385,6 +380,7 @@ def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     assert [size(999), size(1536), size(2**20 - 1), size(3 * 2**40)] == ["999 B", "1.5 KiB", "1.0 MiB", "3.0 TiB"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted((config.default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_study_expands_and_documents_itself(isolated, path):
     result = tiecli("sweep", f"study={path.stem}", "--dry-run", "--no-estimate")
@@ -411,6 +407,7 @@ families:
 """
 
 
+@pytest.mark.slow
 def test_a_study_gives_its_primary_comparison_more_seeds_and_declares_families(isolated):
     """`add` repeats the jobs that match (micro, both modes) for seeds 2-4, `when` rules applying to them too;
     `data.split_seed: ${seed}` draws each seed its own held-out split; `families` reaches sweep.json for the report."""

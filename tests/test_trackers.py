@@ -9,17 +9,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
-from typer.testing import CliRunner
+from helpers import tiecli
 
 from tiecli import config, rundir, trackers
-from tiecli.cli import app
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("wandb", reason="the wandb extra is not installed")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
-
-runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +32,6 @@ def offline_wandb(monkeypatch, tmp_path):
     }.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-
-
-def tiecli(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def scalars(logdir: Path) -> dict[str, dict[int, float]]:
@@ -83,6 +76,7 @@ def wandb_history(run_dir: Path) -> tuple[list, dict[int, dict]]:
     return runs, rows
 
 
+@pytest.mark.slow
 def test_trackers_mirror_the_run_directory(tmp_path):
     result = tiecli(
         "train", *TINY, "eval.test=false", "--name", "tracked",
@@ -145,6 +139,7 @@ def make_run(path: Path, *overrides: str) -> rundir.RunWriter:
     return rundir.RunWriter.create(path, files, summary, b"")
 
 
+@pytest.mark.slow
 def test_a_resume_continues_the_wandb_run_and_tensorboard_hides_the_redone_steps(tmp_path):
     run_dir = tmp_path / "runs" / "resumed"
     with make_run(run_dir, "logger=[tensorboard,wandb]") as run:
@@ -169,6 +164,7 @@ def test_a_resume_continues_the_wandb_run_and_tensorboard_hides_the_redone_steps
     }
 
 
+@pytest.mark.slow
 def test_a_sweep_groups_its_runs(tmp_path):
     sweep_dir = tmp_path / "runs" / "sweeps" / "modes"
     sweep_dir.mkdir(parents=True)

@@ -28,6 +28,7 @@ def geometry(run_dir):
     return [e.to_dict() for e in rundir.RunReader(run_dir).geometry()]
 
 
+@pytest.mark.slow
 def test_a_run_writes_a_self_describing_directory(tmp_path):
     cfg, files = setup()
     summary = train.train(cfg, tmp_path / "run", False, files)
@@ -64,6 +65,7 @@ def interrupt_at_batch(monkeypatch, n):
     monkeypatch.setattr("tiecli.prepare.get_batch", get_batch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["model.dropout=0.1", "train.grad_accum=2"]])
 def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch, extra):
     cfg, files = setup(*extra)
@@ -90,6 +92,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_stop_before_the_first_step_checkpoints_and_resumes_cleanly(tmp_path, monkeypatch):
     cfg, files = setup()
     calls = {"n": 0}
@@ -141,6 +144,7 @@ def test_a_failing_run_is_marked_failed(tmp_path, monkeypatch):
     assert summary.step == 3
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
     cfg, files = setup()
     run = tmp_path / "run"
@@ -151,6 +155,7 @@ def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
     assert "is corrupt or unreadable" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_learning_rate_schedule():
     c, _ = setup("train.max_steps=110", "train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10")
     assert optim.lr_at(0, c) == pytest.approx(0.1)
@@ -185,6 +190,7 @@ def groups(opt, model):
     return {name: where[id(p)] for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["untied", "tied", "tied_bias", "partial", "hybrid"])
 def test_token_matrices_get_their_own_learning_rates(mode):
     from tiecli.model import GPT
@@ -202,6 +208,7 @@ def test_token_matrices_get_their_own_learning_rates(mode):
     assert by_name["h.0.attn.c_attn.bias"] == (1.0, 0.0)
 
 
+@pytest.mark.slow
 def test_default_learning_rates_keep_two_groups_and_the_loop_scales_the_schedule(tmp_path):
     from tiecli.model import GPT
 
@@ -218,6 +225,7 @@ def test_default_learning_rates_keep_two_groups_and_the_loop_scales_the_schedule
     assert sorted({g["lr_scale"] for g in saved}) == pytest.approx([1 / 3, 1.0, 10.0])
 
 
+@pytest.mark.slow
 def test_evaluations_spread_over_the_run_and_snapshots_thinned(tmp_path):
     cfg, files = setup("train.evals=6", "diag.max_snapshots=3", "eval.test=false")
     train.train(cfg, tmp_path / "run", False, files)
@@ -230,6 +238,7 @@ def test_evaluations_spread_over_the_run_and_snapshots_thinned(tmp_path):
     assert (run / rundir.INIT_CHECKPOINT).is_file() and set(rundir.RunReader(run).evals()) == {"val", "train"}
 
 
+@pytest.mark.slow
 def test_a_resume_that_changes_the_schedule_thins_the_old_snapshots(tmp_path):
     cfg, files = setup("train.evals=3", "diag.max_snapshots=3")
     train.train(cfg, tmp_path / "run", False, files)
@@ -239,6 +248,7 @@ def test_a_resume_that_changes_the_schedule_thins_the_old_snapshots(tmp_path):
     assert rundir.RunReader(tmp_path / "run").snapshot_steps() == [0, 16, 24]  # of 0, 8, 16, 24; 12 is off the plan
 
 
+@pytest.mark.slow
 def test_the_final_training_split_evaluation_is_a_fixed_subset(tmp_path):
     from tiecli.data import load_corpus
     from tiecli.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
