@@ -1,4 +1,4 @@
-"""tiecli report and tiecli runs on synthetic run directories, written through rundir.RunWriter, whose numbers are known in advance."""
+"""tiecli report and tiecli runs on synthetic run directories, written through RunWriter, whose numbers are known in advance."""
 
 import dataclasses
 import json
@@ -15,11 +15,13 @@ import yaml
 from scipy import stats
 from typer.testing import CliRunner
 
-from tiecli import rundir
 from tiecli.cli import app
 from tiecli.report import claims as report_claims
 from tiecli.report import load
 from tiecli.report.groups import group_runs
+from tiecli.run.layout import CONFIG, FORMAT, OVERRIDES
+from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
+from tiecli.run.writer import RunWriter
 
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -88,14 +90,14 @@ def make_run(
     keep_open: bool = False,
     corpus: dict | None = None,
 ):
-    """A run directory written through rundir.RunWriter as `tiecli train` writes one: config (with `seed`),
+    """A run directory written through RunWriter as `tiecli train` writes one: config (with `seed`),
     overrides, a first summary, the metrics rows, the geometry entries, a whole-split val evaluation with
     loss final_loss, then the last summary with `status`. keep_open: return the writer, still holding the
     run's lock (a run being written right now); else the run's path. corpus: summary.json's (its count-model
     baselines), else one without baselines, as runs made before them."""
     config = {**config, "seed": seed}
     last = max(rows, key=lambda r: r.step)
-    summary = rundir.Summary(
+    summary = Summary(
         name=path.name,
         status="running",
         seed=seed,
@@ -112,13 +114,13 @@ def make_run(
         started="2025-01-01T00:00:00",
     )
     overrides = {"overrides": [f"{k}={v}" for k, v in choices.items()] + [f"seed={seed}"], "choices": choices}
-    files = {rundir.CONFIG: yaml.safe_dump(config), rundir.OVERRIDES: yaml.safe_dump(overrides)}
-    writer = rundir.RunWriter.create(path, files, summary, b"not a checkpoint: the report never reads one")
+    files = {CONFIG: yaml.safe_dump(config), OVERRIDES: yaml.safe_dump(overrides)}
+    writer = RunWriter.create(path, files, summary, b"not a checkpoint: the report never reads one")
     for row in rows:
         writer.log(row)
     for entry in entries:
         writer.geometry(entry)
-    final = rundir.EvalResult("val", last.step, final_loss, math.exp(final_loss), final_loss / 2, 5000, 10000, {})
+    final = EvalResult("val", last.step, final_loss, math.exp(final_loss), final_loss / 2, 5000, 10000, {})
     writer.eval(final)
     writer.summary(
         dataclasses.replace(
@@ -164,8 +166,8 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
     }
     cos = grad_cos(mode, seed)
     rows = [
-        rundir.MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
-        rundir.MetricsRow(
+        MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
+        MetricsRow(
             step=10,
             tokens=10 * TOKENS_PER_STEP,
             lr=0.003,
@@ -173,7 +175,7 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
             val_loss=loss + 1,
             diag={"grad_cos": cos[0], "grad_cancel": 0.1},
         ),
-        rundir.MetricsRow(
+        MetricsRow(
             step=20,
             tokens=20 * TOKENS_PER_STEP,
             lr=0.003,
@@ -199,7 +201,7 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
         return None if mode == "tied" else {"row_cosine": 0.01, "cka": cka, "knn_overlap": 0.0, "distance": 1.4}
 
     entries = [
-        rundir.GeometryEntry(
+        GeometryEntry(
             step=0,
             tied=mode == "tied",
             n_tokens=V,
@@ -207,7 +209,7 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
             output=side(0.0, 0.0),
             agreement=agreement(0.2),
         ),
-        rundir.GeometryEntry(
+        GeometryEntry(
             step=20,
             tied=mode == "tied",
             n_tokens=V,
@@ -531,7 +533,7 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
     write_run(broken, "micro", "untied", 0, status="running")  # its writer died: the lock is free
     (write_run(broken, "micro", "tied", 1) / "eval.json").write_text("[1, 2")
     newer = write_run(broken, "micro", "tied", 2) / "summary.json"
-    newer.write_text(json.dumps({**json.loads(newer.read_text()), "format": rundir.FORMAT + 1}))
+    newer.write_text(json.dumps({**json.loads(newer.read_text()), "format": FORMAT + 1}))
     try:
         result = tiecli("report", sweep, broken, "--out", sweep.parent / "out")
     finally:
@@ -546,8 +548,8 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
         "micro-tied-s0": "status running",
         "micro-untied-s0": "status interrupted",
         "micro-tied-s1": "eval.json is unreadable (JSONDecodeError)",
-        "micro-tied-s2": f"summary.json has format {rundir.FORMAT + 1}, newer than this tiecli reads "
-        f"({rundir.FORMAT}); upgrade tiecli to read it",
+        "micro-tied-s2": f"summary.json has format {FORMAT + 1}, newer than this tiecli reads "
+        f"({FORMAT}); upgrade tiecli to read it",
     }
     assert (
         len(data["runs"]) == 12 and groups["nano tied"]["n_seeds"] == 3

@@ -22,12 +22,12 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tiecli import rundir
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.run.files import now
+from tiecli.run.layout import is_run_dir
 
 if TYPE_CHECKING:  # a submitit job imports this module to run run_job: it needs neither torch nor Hydra
     from tiecli import config
@@ -53,10 +53,6 @@ class JobSpec:
     nproc: int  # ranks under torchrun (`tiecli train --nproc`), one per GPU; 1: no torchrun
     gpus: str | None  # CUDA_VISIBLE_DEVICES for the job; None: leave it as the job finds it
     threads: int | None  # OMP_NUM_THREADS; None: leave it
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclasses.dataclass
@@ -86,7 +82,7 @@ def train_command(spec: JobSpec, rendezvous: Rendezvous | None = None) -> list[s
     command += (
         ["--nproc", str(spec.nproc)] if spec.nproc > 1 and rendezvous is None else []
     )  # torchrun, one rank per GPU
-    command += ["--resume"] if rundir.is_run_dir(sweep_dir / spec.name) else []
+    command += ["--resume"] if is_run_dir(sweep_dir / spec.name) else []
     command += ["--config-dir", spec.config_dir] if spec.config_dir else []
     return command + ["--", *spec.overrides]  # "--": an override can never be read as an option
 

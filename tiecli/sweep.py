@@ -30,7 +30,7 @@ import shlex
 import signal
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
@@ -40,12 +40,15 @@ from rich.console import Console, JustifyMethod
 from rich.live import Live
 from rich.table import Table
 
-from tiecli import config, launchers, rundir
+from tiecli import config, launchers
 from tiecli.display import PLAIN_EVERY_S, duration, num
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import count_params
+from tiecli.run.files import Lock, now
+from tiecli.run.layout import LOCK, MANIFEST, is_run_dir, run_path
+from tiecli.run.reader import RunReader
+from tiecli.run.records import SweepJob, SweepManifest, read_manifest, write_manifest
 
-MANIFEST = "sweep.json"
 SAFE_NAME = re.compile(f"[{config.NAME_CHARS}]+")
 SAFE_VALUE = re.compile(r"[A-Za-z0-9._]+")  # a value shown as is in a default name: '-' separates them there
 NAME_LENGTH = 40
@@ -54,10 +57,6 @@ BYTES_PER_PARAM = 4  # fp32 weights, also under bf16 autocast
 STUDY_KEYS = ("description", "axes", "fixed", "when", "add", "families")
 STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "failed": "red", "interrupted": "magenta"}
 ERROR_TAIL_LINES = 5
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 # --- expanding the overrides into jobs ---------------------------------------------------------
@@ -300,7 +299,7 @@ def default_name(study: str | None, axes: list[tuple[str, list[str]]]) -> str:
 
 def plan(
     overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None, options: list[str] | None = None
-) -> tuple[Path, rundir.SweepManifest, dict[str, config.Config]]:
+) -> tuple[Path, SweepManifest, dict[str, config.Config]]:
     """The sweep folder, its manifest and each job's checked Config (by job name); every job is composed first.
 
     launcher.* overrides configure the launcher, not the jobs: they and `options` (--launcher, --jobs, ...)
@@ -320,7 +319,7 @@ def plan(
     for job, cfg, choices in composed:
         job_name = _job_name(choices, cfg, [line for line in job if line not in shared])
         configs[job_name] = config.to_config(cfg)  # a bad value in any job stops the sweep before anything runs
-        jobs.append(rundir.SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
+        jobs.append(SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
     names = [j.name for j in jobs]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice:
@@ -329,10 +328,10 @@ def plan(
     values = {key: [line.split("=", 1)[1] for line in lines] for key, lines in entries}
     given = [o.key_or_group for o in config.parse_overrides(job_overrides) if o.key_or_group != "study"]
     sweep_name = name or default_name(study["name"] if study else None, [(key, values[key]) for key in given])
-    sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", sweep_name)
+    sweep_dir = run_path(Path(runs_dir) / "sweeps", sweep_name)
     command = ["tiecli", "sweep", *overrides, "--name", sweep_name, "--runs-dir", str(runs_dir)]
     command += (["--config-dir", str(config_dir)] if config_dir else []) + list(options or [])
-    manifest = rundir.SweepManifest(
+    manifest = SweepManifest(
         name=sweep_name,
         created=now(),
         updated=now(),
@@ -344,7 +343,7 @@ def plan(
         jobs=jobs,
     )
     if (sweep_dir / MANIFEST).exists():
-        old = rundir.read_manifest(sweep_dir / MANIFEST)
+        old = read_manifest(sweep_dir / MANIFEST)
         manifest, configs = _keep_old_names(old, manifest, configs)
         manifest = _merge(old, manifest)
     return sweep_dir, manifest, configs
@@ -367,8 +366,8 @@ def _job_name(choices: dict[str, str], cfg, varying: list[str]) -> str:
 
 
 def _keep_old_names(
-    old: rundir.SweepManifest, new: rundir.SweepManifest, configs: dict[str, config.Config]
-) -> tuple[rundir.SweepManifest, dict[str, config.Config]]:
+    old: SweepManifest, new: SweepManifest, configs: dict[str, config.Config]
+) -> tuple[SweepManifest, dict[str, config.Config]]:
     """A job already in the manifest keeps its name and folder (a sweep named before the shared hash was
     dropped, or one whose shared overrides changed with the jobs added): the same overrides, the same run."""
     by_overrides = {tuple(sorted(j.overrides)): j for j in old.jobs}
@@ -384,7 +383,7 @@ def _keep_old_names(
     return dataclasses.replace(new, jobs=jobs), kept
 
 
-def _merge(old: rundir.SweepManifest, new: rundir.SweepManifest) -> rundir.SweepManifest:
+def _merge(old: SweepManifest, new: SweepManifest) -> SweepManifest:
     """The new command's manifest, keeping what the old one knew about the same jobs.
 
     Adding jobs is allowed (more seeds, a new mode); dropping some is refused, so the manifest
@@ -438,7 +437,7 @@ def split_launcher_overrides(overrides: list[str]) -> tuple[list[str], list[str]
 
 def run(
     sweep_dir: Path,
-    manifest: rundir.SweepManifest,
+    manifest: SweepManifest,
     parallel: int,
     console: Console,
     every: float = PLAIN_EVERY_S,
@@ -454,7 +453,7 @@ def run(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # Two sweeps training the same runs would corrupt them. A lock, not a pid in the manifest: the OS
     # drops it when the sweep dies, so it never outlives the sweep nor mistakes another process for it.
-    with rundir.Lock(sweep_dir / rundir.LOCK, f"sweep {manifest.name}"):
+    with Lock(sweep_dir / LOCK, f"sweep {manifest.name}"):
         manifest, todo = _prepare(sweep_dir, manifest, console)
         starter = Starter(sweep_dir, manifest, launch, console)
         stopped = _run_jobs(sweep_dir, manifest, todo, launcher, starter, console, every)
@@ -464,7 +463,7 @@ def run(
 class Starter:
     """Turns a job into the JobSpec of its next attempt: its GPUs (round-robin), threads and torchrun processes."""
 
-    def __init__(self, sweep_dir: Path, manifest: rundir.SweepManifest, launch: Launch, console: Console):
+    def __init__(self, sweep_dir: Path, manifest: SweepManifest, launch: Launch, console: Console):
         self.sweep_dir, self.manifest, self.launch = sweep_dir.resolve(), manifest, launch
         self.pool, self.threads, self.nproc = None, None, launch.gpus_per_job or 1
         local = launch.settings.local
@@ -483,7 +482,7 @@ class Starter:
             # N jobs at once share the CPU: torch's default of one thread per core each would oversubscribe it.
             self.threads = max(1, launchers.cpu_cores() // launch.parallel)  # the allocation, not the node
 
-    def spec(self, job: rundir.SweepJob) -> launchers.JobSpec:
+    def spec(self, job: SweepJob) -> launchers.JobSpec:
         return launchers.JobSpec(
             name=job.name,
             overrides=job.overrides,
@@ -501,11 +500,9 @@ class Starter:
             self.pool.give_back(running.gpus)
 
 
-def _prepare(
-    sweep_dir: Path, manifest: rundir.SweepManifest, console: Console
-) -> tuple[rundir.SweepManifest, list[rundir.SweepJob]]:
+def _prepare(sweep_dir: Path, manifest: SweepManifest, console: Console) -> tuple[SweepManifest, list[SweepJob]]:
     """Under the sweep's lock: the manifest as it stands now, each job's state from its run, and the jobs to run."""
-    old = rundir.read_manifest(sweep_dir / MANIFEST) if (sweep_dir / MANIFEST).exists() else None
+    old = read_manifest(sweep_dir / MANIFEST) if (sweep_dir / MANIFEST).exists() else None
     if old:  # plan() read it before the lock was ours: a sweep that ended meanwhile may have changed it
         manifest = _merge(old, manifest)
     for job in manifest.jobs:
@@ -527,7 +524,7 @@ def _prepare(
     return manifest, todo
 
 
-def _current_state(job: rundir.SweepJob, sweep_dir: Path) -> str:
+def _current_state(job: SweepJob, sweep_dir: Path) -> str:
     """A job's state once no process of it runs: the run directory is the truth (a run deleted since, or a
     sweep killed outright, shows up here)."""
     status = _status(sweep_dir / job.run_dir)
@@ -540,17 +537,17 @@ def _current_state(job: rundir.SweepJob, sweep_dir: Path) -> str:
 
 def _check_free(run_dir: Path, name: str, sweep: str) -> None:
     """Refuse a run another process is writing (a trainer a killed sweep left, a `tiecli train --resume`): a second trainer would corrupt it."""
-    if rundir.RunReader(run_dir).in_use():
+    if RunReader(run_dir).in_use():
         try:  # taking the lock fails naming its holder, as a second `tiecli train` would; if it was just freed, fine
-            rundir.Lock(run_dir / rundir.LOCK, f"run {name}").acquire().release()
+            Lock(run_dir / LOCK, f"run {name}").acquire().release()
         except TiecliError as e:
             raise TiecliError(f"sweep {sweep}: {e}") from None
 
 
 def _run_jobs(
     sweep_dir: Path,
-    manifest: rundir.SweepManifest,
-    todo: list[rundir.SweepJob],
+    manifest: SweepManifest,
+    todo: list[SweepJob],
     launcher,
     starter: Starter,
     console: Console,
@@ -561,7 +558,7 @@ def _run_jobs(
 
     def save() -> None:
         manifest.updated = now()
-        rundir.write_manifest(sweep_dir / MANIFEST, manifest)
+        write_manifest(sweep_dir / MANIFEST, manifest)
 
     running: dict[str, launchers.Running] = {}  # job name -> what its launcher started
     signals = []  # the handler only records; the loop forwards, so a job launched meanwhile is not missed
@@ -605,7 +602,7 @@ def _run_jobs(
     return bool(signals)
 
 
-def _reap(jobs, running: dict, launcher, starter: Starter, stopping: bool, sweep_dir: Path) -> list[rundir.SweepJob]:
+def _reap(jobs, running: dict, launcher, starter: Starter, stopping: bool, sweep_dir: Path) -> list[SweepJob]:
     """The running jobs that have ended, each taken out of `running` and its state recorded."""
     ended_jobs = []
     for job in [j for j in jobs if j.name in running]:
@@ -619,7 +616,7 @@ def _reap(jobs, running: dict, launcher, starter: Starter, stopping: bool, sweep
 
 
 def _submit(
-    batch: list[rundir.SweepJob], launcher, starter: Starter, running: dict[str, launchers.Running], sweep_dir: Path
+    batch: list[SweepJob], launcher, starter: Starter, running: dict[str, launchers.Running], sweep_dir: Path
 ) -> None:
     """Start (or submit) these jobs; each job records its attempt, its launcher's job id and where its log grows from."""
     specs = [starter.spec(job) for job in batch]
@@ -658,10 +655,10 @@ def _read(read, default):
 
 
 def _status(run_dir: Path) -> str | None:
-    return _read(rundir.RunReader(run_dir).status, None)
+    return _read(RunReader(run_dir).status, None)
 
 
-def _finish(job: rundir.SweepJob, code: int | None, stopping: bool, sweep_dir: Path, offset: int) -> None:
+def _finish(job: SweepJob, code: int | None, stopping: bool, sweep_dir: Path, offset: int) -> None:
     """The job's state from its exit code: 0 completed, 130 (or stopped by us) interrupted, else failed.
 
     A job that ended without a code (its submitit job was killed, or failed on the cluster) has the state
@@ -693,7 +690,7 @@ def _tail(log_path: Path, offset: int, code: int | None) -> str:
     return "\n".join(lines[-ERROR_TAIL_LINES:]) or "(no output)"
 
 
-def _last_error_line(job: rundir.SweepJob) -> str:
+def _last_error_line(job: SweepJob) -> str:
     lines = (job.error or "").splitlines()
     return next(
         (line for line in reversed(lines) if line.startswith("error:")),
@@ -701,9 +698,7 @@ def _last_error_line(job: rundir.SweepJob) -> str:
     )
 
 
-def _announce(
-    console: Console, job: rundir.SweepJob, jobs: list[rundir.SweepJob], sweep_dir: Path, gpus: str | None
-) -> None:
+def _announce(console: Console, job: SweepJob, jobs: list[SweepJob], sweep_dir: Path, gpus: str | None) -> None:
     """Without a terminal (a log file, CI) there is no live table: one line per state change instead."""
     if console.is_terminal:
         return
@@ -722,7 +717,7 @@ def _announce(
     console.print(f"{number} {job.name}: {job.state}{detail}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _conclude(console: Console, manifest: rundir.SweepManifest, sweep_dir: Path, stopped: bool) -> int:
+def _conclude(console: Console, manifest: SweepManifest, sweep_dir: Path, stopped: bool) -> int:
     jobs = manifest.jobs
     counts = {s: sum(j.state == s for j in jobs) for s in STATE_STYLES}
     console.print(
@@ -762,7 +757,7 @@ def _conclude(console: Console, manifest: rundir.SweepManifest, sweep_dir: Path,
 
 def progress(run_dir: Path) -> dict:
     """Step, losses and where this attempt began (step, time; None unless running), from the run's files."""
-    reader = rundir.RunReader(run_dir)
+    reader = RunReader(run_dir)
     summary = _read(reader.summary, None)
     rows = _read(reader.metrics, [])
     step = rows[-1].step if rows else summary.step if summary else 0
@@ -805,7 +800,7 @@ class Watch:
         # (name, attempt) -> [(step, time)]: the first and the latest logged step seen, and when
         self.seen: dict[tuple[str, int], list[tuple[int, float]]] = {}
 
-    def progress(self, job: rundir.SweepJob) -> dict:
+    def progress(self, job: SweepJob) -> dict:
         key = (job.name, job.state, job.attempts)
         if job.state == "running" or key not in self.cache:
             p = progress(self.sweep_dir / job.run_dir)
@@ -830,14 +825,14 @@ class PlainProgress:
         self,
         console: Console,
         watch: Watch,
-        jobs: list[rundir.SweepJob],
+        jobs: list[SweepJob],
         every: float,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.console, self.watch, self.jobs, self.every, self.clock = console, watch, jobs, every, clock
         self.last: dict[tuple[str, int], tuple[float, int]] = {}  # (name, attempt) -> (when last read, the step then)
 
-    def tick(self, running: list[rundir.SweepJob]) -> None:
+    def tick(self, running: list[SweepJob]) -> None:
         now = self.clock()
         for job in running:
             read_at, step = self.last.setdefault((job.name, job.attempts), (now, 0))
@@ -856,7 +851,7 @@ class PlainProgress:
                 )
 
 
-def jobs_table(jobs: list[rundir.SweepJob], watch: Watch) -> Table:
+def jobs_table(jobs: list[SweepJob], watch: Watch) -> Table:
     """The live table (and `--status`'s): a job id column when a cluster launcher gave ids, a GPU column when
     jobs were given GPUs."""
     table = Table(title=f"sweep {watch.sweep_dir.name}")
@@ -879,16 +874,16 @@ def show_status(runs_dir: Path, name: str, console: Console) -> None:
     """`tiecli sweep --status NAME`: the jobs table and the counts, from sweep.json, the run directories and the
     launcher's view of jobs still queued or running; submits and writes nothing."""
     check_name(name)
-    sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", name)
+    sweep_dir = run_path(Path(runs_dir) / "sweeps", name)
     if not (sweep_dir / MANIFEST).exists():
         known = sorted(p.parent.name for p in (Path(runs_dir) / "sweeps").glob(f"*/{MANIFEST}"))
         raise TiecliError(
             f"no sweep {name!r} in {str(Path(runs_dir) / 'sweeps')!r}; sweeps there: {', '.join(known) or 'none'}"
         )
-    manifest = rundir.read_manifest(sweep_dir / MANIFEST)
+    manifest = read_manifest(sweep_dir / MANIFEST)
     for job in manifest.jobs:
         live = job.state == "running" and (
-            launchers.still_active(job.job_id, sweep_dir) or rundir.RunReader(sweep_dir / job.run_dir).in_use()
+            launchers.still_active(job.job_id, sweep_dir) or RunReader(sweep_dir / job.run_dir).in_use()
         )
         job.state = "running" if live else _current_state(job, sweep_dir)
     console.print(jobs_table(manifest.jobs, Watch(sweep_dir)))
@@ -969,7 +964,7 @@ def launch_command(launch: Launch, jobs: int | None) -> list[str]:
 
 def dry_run_lines(
     sweep_dir: Path,
-    manifest: rundir.SweepManifest,
+    manifest: SweepManifest,
     configs: dict[str, config.Config],
     launch: Launch | None = None,
     timed: bool = False,
@@ -985,9 +980,7 @@ def dry_run_lines(
     sizes, left = [], {}
     for job in manifest.jobs:
         run_dir = sweep_dir / job.run_dir
-        action = (
-            "completed, skip" if _status(run_dir) == "completed" else "resume" if rundir.is_run_dir(run_dir) else "new"
-        )
+        action = "completed, skip" if _status(run_dir) == "completed" else "resume" if is_run_dir(run_dir) else "new"
         if action != "completed, skip":
             left[job.name] = progress(run_dir)["step"] if action == "resume" else 0
         s = job_size(configs[job.name])

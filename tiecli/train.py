@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import torch
 from rich.console import Console
 
 import tiecli
-from tiecli import baselines, checkpoint, diagnostics, distributed, rundir
+from tiecli import baselines, checkpoint, diagnostics, distributed, trackers
 from tiecli import resume as resuming
 from tiecli.config import Config, TrainConfig
 from tiecli.data import Corpus, StepBatches, get_batch, load_corpus
@@ -30,7 +29,11 @@ from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, expected_line, final_windows
 from tiecli.model import GPT, Embeddings
-from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
+from tiecli.run.files import now
+from tiecli.run.layout import CHECKPOINT, INIT_CHECKPOINT, SNAPSHOTS, SUMMARY, new_run_id
+from tiecli.run.reader import RunReader
+from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary, parse_record
+from tiecli.run.writer import RunWriter
 from tiecli.runtime import (
     Threads,
     autocast_for,
@@ -207,34 +210,30 @@ def new_summary(s: Setup, name: str) -> Summary:
             "baselines": baselines.of_corpus(s.corpus),
         },
         started=now(),
-        run_id=rundir.new_run_id(),
+        run_id=new_run_id(),
     )
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tuple[RunWriter, TrainState, bool]:
     """The run's writer and where training stands: a new run at step 0, or a resumed one at its checkpoint."""
     if not resume:
         init, summary = checkpoint.to_bytes({"emb": s.model.emb.state_dict()}), new_summary(s, run_dir.name)
-        return RunWriter.create(run_dir, files, summary, init), TrainState(run_id=summary.run_id), False
-    run = RunWriter.open(run_dir)
+        return trackers.create_run(run_dir, files, summary, init), TrainState(run_id=summary.run_id), False
+    run = trackers.open_run(run_dir)
     try:
         run.reader.check_corpus(s.corpus.key)
         resuming.check_files(run.reader, s.config.model)  # nothing is changed until all of them have been read
-        run_id = run.reader.summary().run_id or rundir.new_run_id()  # a run from before run ids gets one now
-        if not (run_dir / rundir.CHECKPOINT).is_file():
+        run_id = run.reader.summary().run_id or new_run_id()  # a run from before run ids gets one now
+        if not (run_dir / CHECKPOINT).is_file():
             if run.reader.summary().step > 0:  # never replace trained steps with a fresh start
                 raise TiecliError(
-                    f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to resume from; "
+                    f"run {run_dir.name} has no checkpoint ({CHECKPOINT}) to resume from; "
                     "its recorded steps are kept: start a new run with another --name"
                 )
             run.truncate_after(-1)
             run.rewrite(files)
             return run, TrainState(run_id=run_id), False
-        ckpt = run.reader.checkpoint()
+        ckpt = checkpoint.load_last(run_dir)
         distributed.check_world_size(ckpt, run_dir.name)
         stored = run.reader.config().get("train", {}).get("log_interval", 1)  # what the checkpoint was written with
         resuming.check_checkpoint(run.reader, ckpt, max(stored, s.config.train.log_interval))
@@ -264,7 +263,7 @@ def restore(s: Setup, ckpt: dict, name: str) -> TrainState:
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         reason = (str(e).strip().splitlines() or [""])[0][:160]
         raise TiecliError(
-            f"run {name}: checkpoint {rundir.CHECKPOINT.name} does not match this run ({type(e).__name__}: {reason})"
+            f"run {name}: checkpoint {CHECKPOINT.name} does not match this run ({type(e).__name__}: {reason})"
         ) from None
     return state
 
@@ -286,7 +285,7 @@ def open_on_ranks(
         return opened
     if not resumed:
         return None, TrainState(), False
-    return None, restore(s, checkpoint.load(run_dir / rundir.CHECKPOINT, run_dir.name), run_dir.name), True
+    return None, restore(s, checkpoint.load(run_dir / CHECKPOINT, run_dir.name), run_dir.name), True
 
 
 class StopFlag:
@@ -383,7 +382,7 @@ def train(
 def run_threads(config: Config, run_dir: Path, resume: bool) -> Threads:
     """This process's torch threads (runtime.use_threads); a resumed run keeps the count it trained with,
     since another count sums in another order (the last bits of its losses would differ)."""
-    kept = rundir.RunReader(run_dir).summary().threads if resume and (run_dir / rundir.SUMMARY).is_file() else None
+    kept = RunReader(run_dir).summary().threads if resume and (run_dir / SUMMARY).is_file() else None
     return use_threads(pick_device(config.device), kept)
 
 
@@ -395,7 +394,7 @@ def fit(
     Under DDP every rank runs it in step; rank 0 alone (run is not None) evaluates and writes."""
     c, t, d = s.config, s.config.train, s.config.diag
     max_steps, model, optimizer = c.max_steps, s.model, s.optimizer
-    emb0 = checkpoint.load_embeddings(run.path / rundir.INIT_CHECKPOINT, c.model, run.path.name) if run else None
+    emb0 = checkpoint.load_embeddings(run.path / INIT_CHECKPOINT, c.model, run.path.name) if run else None
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
     pair_index = diagnostics.pair_index(s.pairs, s.corpus.counts, d.seed, s.device) if d.every > 0 else None
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
@@ -540,7 +539,7 @@ def mean_loss(loss_acc: torch.Tensor, state: TrainState, run: RunWriter | None) 
     """The mean train loss since the last log line; a NaN or infinite one stops the run."""
     loss = loss_acc.item() / max(1, state.loss_n)
     if not math.isfinite(loss):
-        kept = run.reader.checkpoint()["state"]["step"] if run and (run.path / rundir.CHECKPOINT).is_file() else 0
+        kept = checkpoint.load_last(run.path)["state"]["step"] if run and (run.path / CHECKPOINT).is_file() else 0
         raise Diverged(
             f"the training loss became {loss} by step {state.step}; the checkpoint from step {kept} is kept "
             "(try a lower train.lr)"
@@ -599,9 +598,9 @@ def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings | None, step: int
     if not d.geometry or emb0 is None:  # emb0: rank 0's, the only rank that records
         return
     entry = diagnostics.embedding_geometry(s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed)
-    run.geometry(rundir.parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
+    run.geometry(parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
     if d.snapshots and snapshot_due(s.config, step):
-        run.save(rundir.SNAPSHOTS / f"step_{step}.pt", checkpoint.to_bytes({"emb": s.model.emb.state_dict()}))
+        run.save(SNAPSHOTS / f"step_{step}.pt", checkpoint.to_bytes({"emb": s.model.emb.state_dict()}))
         for kept in run.reader.snapshot_steps():  # a resume that changed the schedule leaves some off the plan
             if not snapshot_due(s.config, kept):
                 run.remove_snapshot(kept)
@@ -641,7 +640,7 @@ def save_checkpoint(
         ckpt["rank_rng"] = ranks[1:]
     if s.scaler:
         ckpt["scaler"] = s.scaler.state_dict()
-    run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
+    run.save(CHECKPOINT, checkpoint.to_bytes(ckpt))
     if keep:
         run.keep_checkpoint(state.step, s.config.train.keep_checkpoints)
 

@@ -17,7 +17,6 @@ from typing import cast
 
 from scipy import stats as scipy_stats
 
-from tiecli import rundir
 from tiecli.errors import TiecliError
 from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group, ignored
 from tiecli.report.load import DivergedRun
@@ -45,6 +44,7 @@ from tiecli.report.stats import (
     slope,
     t_tests,
 )
+from tiecli.run.files import read_json
 
 # C1's own range for the share tying saves: the hypothesis under test, not an expected result.
 C1_CLAIMED_SHARE = (0.15, 0.30)
@@ -364,7 +364,7 @@ def declared_families(run_paths: list[str]) -> tuple[dict[str, tuple[str, ...]],
     for sweep in sorted({Path(p).parent / "sweep.json" for p in run_paths}):
         if not sweep.is_file():
             continue
-        manifest = rundir.read_json(sweep, f"sweep {sweep.parent.name}")
+        manifest = read_json(sweep, f"sweep {sweep.parent.name}")
         study = (manifest.get("study") if isinstance(manifest, dict) else None) or {}
         if study.get("families") is not None:
             specs.setdefault(json.dumps(study["families"], sort_keys=True), []).append(str(sweep.parent))
