@@ -23,12 +23,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from tiecli import checkpoint
+from tiecli import config as configs
+from tiecli.data import load_corpus
 from tiecli.errors import TiecliError
 from tiecli.run.layout import CONFIG, MANIFEST
 from tiecli.run.records import Summary, flatten
 from tiecli.run.writer import RunWriter
+from tiecli.tokenizer import token_strings
 
 TB_DIR = "tb"
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger name -> the module it needs
@@ -247,13 +252,6 @@ def projector(writer, run: Path, config: dict, limit: int | None, step: int) -> 
     Read back from the run's last checkpoint; with `limit`, only the most frequent tokens of the
     training split (the projector holds every point in the browser).
     """
-    import numpy as np
-
-    from tiecli import checkpoint
-    from tiecli import config as configs
-    from tiecli.data import load_corpus
-    from tiecli.tokenizer import token_strings
-
     c = configs.from_dict(config, run)
     ckpt = checkpoint.load_last(run)
     emb = checkpoint.embeddings_of(ckpt, c.model, run.name)
