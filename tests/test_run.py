@@ -5,7 +5,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 import tiecli
+from tiecli.errors import TiecliError
 from tiecli.run.layout import CONFIG, METRICS, OVERRIDES, SUMMARY
 from tiecli.run.reader import RunReader
 from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
@@ -131,3 +134,22 @@ def test_a_writer_without_listeners_starts_no_tracker(tmp_path):
     assert sorted(p.name for p in path.iterdir()) == sorted(
         [".lock", "checkpoints", CONFIG, METRICS, OVERRIDES, SUMMARY]
     )
+
+
+def test_a_failed_check_on_open_leaves_the_run_as_it_was(tmp_path):
+    """RunWriter.open's `check` runs under the lock before anything changes: a refusal touches nothing."""
+    path = tmp_path / "run"
+    new_run(path).close()
+    stale = path / "checkpoints" / ".last.pt.x1y2.tmp"  # what a killed writer leaves; an opened writer removes it
+    stale.write_bytes(b"partial")
+    before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+    def refuse(reader: RunReader) -> None:
+        assert reader.in_use()  # the lock is held while the caller checks
+        raise TiecliError(f"run {reader.name}: refused")
+
+    with pytest.raises(TiecliError, match="run run: refused"):
+        RunWriter.open(path, check=refuse)
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before and not RunReader(path).in_use()
+    RunWriter.open(path).close()
+    assert not stale.exists()

@@ -236,12 +236,7 @@ def create_run(path: Path, files: dict[str, str], summary: Summary, init: bytes)
 
 def open_run(path: Path) -> RunWriter:
     """RunWriter.open, its records fed to the run's trackers (a resume, `eval`, `geometry --write`)."""
-    run = RunWriter.open(path)
-    try:
-        check_installed(run.reader.config().get("logger"))
-    except BaseException:
-        run.close()
-        raise
+    run = RunWriter.open(path, check=lambda reader: check_installed(reader.config().get("logger")))
     run.listeners.append(Feed(run))
     return run
 

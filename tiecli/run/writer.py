@@ -5,6 +5,7 @@ import os
 import shutil
 import tempfile
 import typing
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -59,12 +60,15 @@ class RunWriter:
         self.listeners: list[Listener] = []
 
     @classmethod
-    def open(cls, path: Path) -> "RunWriter":
+    def open(cls, path: Path, check: Callable[[RunReader], None] | None = None) -> "RunWriter":
+        """An existing run, locked; `check` (a caller's precondition) runs under the lock before anything changes."""
         path = Path(path)
         if not is_run_dir(path):
             raise TiecliError(f"{str(path)!r} is not a run directory (it has no {SUMMARY} or {CONFIG})")
         lock = Lock(path / LOCK, f"run {path.name}").acquire()
         try:
+            if check is not None:
+                check(RunReader(path))
             step = RunReader(path).summary().step if (path / SUMMARY).is_file() else 0
         except BaseException:
             lock.release()
