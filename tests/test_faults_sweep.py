@@ -15,7 +15,7 @@ from test_sweep import one_line_error, tiecli
 
 from tiecli import sweep
 from tiecli.run.files import Lock
-from tiecli.run.layout import CONFIG, LOCK
+from tiecli.run.layout import CONFIG, LOCK, MANIFEST
 from tiecli.run.reader import RunReader
 from tiecli.run.records import read_manifest
 
@@ -43,19 +43,17 @@ MANIFEST_FIELDS = {
     ],
 )
 def test_a_manifest_of_the_wrong_shape_is_one_line(isolated, manifest, why):
-    path = isolated / "runs" / "sweeps" / "bad" / sweep.MANIFEST
+    path = isolated / "runs" / "sweeps" / "bad" / MANIFEST
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(manifest))
     one_line_error(tiecli("sweep", "seed=0", "--name", "bad"), 1, why)
-    assert json.loads(path.read_text()) == manifest and sorted(p.name for p in path.parent.iterdir()) == [
-        sweep.MANIFEST
-    ]
+    assert json.loads(path.read_text()) == manifest and sorted(p.name for p in path.parent.iterdir()) == [MANIFEST]
 
 
 def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated):
     args = ["sweep", *TINY, "--name", "locked"]
     assert tiecli(*args).exit_code == 0
-    path = isolated / "runs" / "sweeps" / "locked" / sweep.MANIFEST
+    path = isolated / "runs" / "sweeps" / "locked" / MANIFEST
     # Manifests used to carry the sweep's pid; pid 1 is alive and was taken for a running sweep.
     path.write_text(json.dumps({**json.loads(path.read_text()), "pid": 1}))
     result = tiecli(*args)
@@ -81,7 +79,7 @@ def test_a_run_another_process_writes_refuses_the_sweep(isolated):
             1,
             f"sweep busy: run {run.name} is in use by process {os.getpid()}",
         )
-    assert not (folder / "logs").exists() and not (folder / sweep.MANIFEST).exists()  # refused before anything started
+    assert not (folder / "logs").exists() and not (folder / MANIFEST).exists()  # refused before anything started
 
 
 def _gone(pid: int) -> bool:
@@ -115,8 +113,8 @@ def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
     )
     trainer = None
     try:
-        _wait(lambda: (folder / sweep.MANIFEST).exists(), 60, "the manifest")
-        job = read_manifest(folder / sweep.MANIFEST).jobs[0]
+        _wait(lambda: (folder / MANIFEST).exists(), 60, "the manifest")
+        job = read_manifest(folder / MANIFEST).jobs[0]
         reader = RunReader(folder / job.run_dir)
         _wait(lambda: [r for r in reader.metrics() if r.step > 0], 120, "the job's first steps")
         trainer = int((reader.path / LOCK).read_text())
@@ -132,7 +130,7 @@ def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
 
     result = tiecli(*args)
     assert result.exit_code == 0, result.output
-    job = read_manifest(folder / sweep.MANIFEST).jobs[0]
+    job = read_manifest(folder / MANIFEST).jobs[0]
     assert (job.state, job.attempts) == ("completed", 2) and reader.summary().step == 30
     log = (folder / job.log).read_text()
     assert "--resume" in log and f"from step {summary.step}" in log

@@ -15,7 +15,7 @@ from conftest import TINY
 from test_sweep import one_line_error, tiecli
 
 from tiecli import launchers, sweep
-from tiecli.run.layout import CHECKPOINT, CONFIG, LOCK, OVERRIDES, SUMMARY
+from tiecli.run.layout import CHECKPOINT, CONFIG, LOCK, MANIFEST, OVERRIDES, SUMMARY
 from tiecli.run.reader import RunReader
 from tiecli.run.records import read_manifest, write_manifest
 
@@ -49,8 +49,8 @@ def test_submitit_local_runs_real_jobs_and_a_rerun_resumes_the_killed_and_the_pr
         [sys.executable, "-m", "tiecli", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        _wait(lambda: (folder / sweep.MANIFEST).exists(), 60, "the manifest")
-        jobs = json.loads((folder / sweep.MANIFEST).read_text())["jobs"]
+        _wait(lambda: (folder / MANIFEST).exists(), 60, "the manifest")
+        jobs = json.loads((folder / MANIFEST).read_text())["jobs"]
         _wait(lambda: _checkpointed(folder, jobs[1]), 120, "the second job's first checkpoint")
         os.kill(int((folder / jobs[1]["run_dir"] / LOCK).read_text()), signal.SIGKILL)
         _wait(lambda: _checkpointed(folder, jobs[2]), 120, "the third job's first checkpoint")
@@ -64,7 +64,7 @@ def test_submitit_local_runs_real_jobs_and_a_rerun_resumes_the_killed_and_the_pr
     assert "Traceback" not in out and "1 completed, 1 failed, 1 interrupted" in out, out
     assert "stopped early (a time limit or preemption)" in out and "--launcher submitit_local" in out
 
-    manifest = json.loads((folder / sweep.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     done, failed, preempted = manifest["jobs"]
     assert manifest["command"].endswith("--launcher submitit_local --jobs 3")
     for job in manifest["jobs"]:  # submitit_local's job id: the pid of the job's controller process
@@ -80,7 +80,7 @@ def test_submitit_local_runs_real_jobs_and_a_rerun_resumes_the_killed_and_the_pr
 
     result = tiecli(*args)
     assert result.exit_code == 0 and "1 of 3 jobs already completed; skipping them" in result.output, result.output
-    rerun = {j["name"]: j for j in json.loads((folder / sweep.MANIFEST).read_text())["jobs"]}
+    rerun = {j["name"]: j for j in json.loads((folder / MANIFEST).read_text())["jobs"]}
     assert (folder / done["run_dir"] / SUMMARY).read_bytes() == kept
     for old in (failed, preempted):
         job = rerun[old["name"]]
@@ -95,7 +95,7 @@ def test_status_shows_a_sweep_without_running_it(isolated):
     folder, manifest, _ = sweep.plan([*TINY, "seed=0,1"], None, Path("runs"), "shown")
     manifest.jobs[0].state, manifest.jobs[0].job_id = "running", "4242_0"  # submitted by a sweep that died
     folder.mkdir(parents=True)
-    write_manifest(folder / sweep.MANIFEST, manifest)
+    write_manifest(folder / MANIFEST, manifest)
     before = sorted(p.name for p in folder.iterdir())
     result = tiecli("sweep", "--status", "shown")
     assert result.exit_code == 0, result.output
@@ -204,7 +204,7 @@ def test_each_concurrent_job_gets_its_own_gpu_round_robin(isolated, monkeypatch)
     assert result.exit_code == 0, result.output
     assert "GPU 3)" in result.output and "GPU 5)" in result.output
     folder = isolated / "runs" / "sweeps" / "gpus"
-    manifest = read_manifest(folder / sweep.MANIFEST)
+    manifest = read_manifest(folder / MANIFEST)
     given = [
         re.search(r"# attempt 1, \S+ on CUDA_VISIBLE_DEVICES=(\S+): ", (folder / j.log).read_text())
         for j in manifest.jobs

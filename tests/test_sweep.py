@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tiecli import config, sweep
 from tiecli.cli import app
-from tiecli.run.layout import SUMMARY
+from tiecli.run.layout import MANIFEST, SUMMARY
 from tiecli.run.reader import RunReader
 from tiecli.run.records import SweepJob, read_manifest
 
@@ -147,7 +147,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     result = tiecli(*args)
     assert result.exit_code == 1, result.output
     folder = isolated / "runs" / "sweeps" / "files"
-    manifest = json.loads((folder / sweep.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert (
         manifest["name"] == "files"
         and manifest["axes"] == {"data.path": ["good.txt", "missing.txt"]}
@@ -164,7 +164,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert "1 completed, 1 failed" in result.output
 
     out = Console(record=True, width=400)
-    out.print(sweep.jobs_table(read_manifest(folder / sweep.MANIFEST).jobs, sweep.Watch(folder)))
+    out.print(sweep.jobs_table(read_manifest(folder / MANIFEST).jobs, sweep.Watch(folder)))
     good_row, missing_row = [line for line in out.export_text().splitlines() if "textfile_" in line]
     assert "completed" in good_row and "12/12" in good_row and "failed" in missing_row
 
@@ -173,7 +173,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     result = tiecli(*args)
     assert result.exit_code == 0, result.output
     assert "1 of 2 jobs already completed; skipping them" in result.output
-    manifest = json.loads((folder / sweep.MANIFEST).read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
     assert [(j["state"], j["attempts"]) for j in manifest["jobs"]] == [("completed", 1), ("completed", 2)]
     assert (folder / good["run_dir"] / SUMMARY).read_bytes() == summary
 
@@ -210,7 +210,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
         "--name",
         "stop",
     ]
-    manifest_path = isolated / "runs" / "sweeps" / "stop" / sweep.MANIFEST
+    manifest_path = isolated / "runs" / "sweeps" / "stop" / MANIFEST
     proc = subprocess.Popen(
         [sys.executable, "-m", "tiecli", *args],
         cwd=isolated,
