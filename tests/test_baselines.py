@@ -9,8 +9,9 @@ import pytest
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import baselines, rundir
+from tiecli import baselines
 from tiecli.cli import app
+from tiecli.run.reader import RunReader
 
 
 def corpus(train: list[int], val: list[int], vocab: int, token_bytes: list[int] | None = None):
@@ -56,7 +57,7 @@ def test_train_stores_the_baselines_and_the_report_puts_runs_against_them(isolat
     runner = CliRunner()
     result = runner.invoke(app, ["train", *TINY, "eval.test=false", "--name", "r"])
     assert result.exit_code == 0, result.output
-    summary = rundir.RunReader(isolated / "runs" / "r").summary()
+    summary = RunReader(isolated / "runs" / "r").summary()
     stored = summary.corpus["baselines"]
     assert stored["unigram"]["perplexity"] > stored["bigram"]["perplexity"] > 1
     result = runner.invoke(app, ["report", "runs", "--out", "rep"], env={"COLUMNS": "200"})

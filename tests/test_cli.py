@@ -15,7 +15,9 @@ import pytest
 from conftest import TINY
 from helpers import one_line_error, tiecli
 
-from tiecli import rundir
+from tiecli.run.layout import CHECKPOINT, CONFIG, EVAL, METRICS, OVERRIDES, SUMMARY
+from tiecli.run.reader import RunReader
+from tiecli.run.records import write_manifest
 
 NODATA = [o for o in TINY if not o.startswith("data")]  # TINY without its corpus, for tests that name their own
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,16 +35,16 @@ def test_train_then_eval_then_refuse_the_same_name(isolated):
     assert result.exit_code == 0, result.output
     run = isolated / "runs" / "ablation" / "first"
     assert "completed" in result.output and "val perplexity" in result.output
-    for name in (rundir.CONFIG, rundir.OVERRIDES, rundir.METRICS, rundir.SUMMARY, rundir.EVAL, rundir.CHECKPOINT):
+    for name in (CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL, CHECKPOINT):
         assert (run / name).is_file(), name
-    assert "tokenizer=bytes" in (run / rundir.OVERRIDES).read_text()
-    assert "n_embd: 64" in (run / rundir.CONFIG).read_text()
+    assert "tokenizer=bytes" in (run / OVERRIDES).read_text()
+    assert "n_embd: 64" in (run / CONFIG).read_text()
 
-    trained = rundir.RunReader(run).evals()
+    trained = RunReader(run).evals()
     assert set(trained) == {"val", "train", "test"}  # tiecli train: validation, training and (eval.test) test splits
     result = tiecli("eval", run, "--split", "train")
     assert result.exit_code == 0, result.output
-    evals = rundir.RunReader(run).evals()
+    evals = RunReader(run).evals()
     assert evals["train"].n_tokens == trained["train"].n_tokens and evals["train"].loss == pytest.approx(
         trained["train"].loss
     )
@@ -56,7 +58,7 @@ def test_train_then_eval_then_refuse_the_same_name(isolated):
     )
     result = tiecli("train", *TINY, "--name", "ablation/first", "--resume")  # already complete: nothing left to do
     assert result.exit_code == 0 and "already complete (step 12)" in result.output
-    assert rundir.RunReader(run).summary().step == 12
+    assert RunReader(run).summary().step == 12
 
 
 @pytest.mark.slow
@@ -116,7 +118,7 @@ def test_eval_of_something_that_is_not_a_run(isolated):
 
 
 def test_corrupt_checkpoint_gives_a_clear_error(tiny_run):
-    (tiny_run / rundir.CHECKPOINT).write_bytes(b"\x00" * 100)
+    (tiny_run / CHECKPOINT).write_bytes(b"\x00" * 100)
     one_line_error(tiecli("eval", "runs/r"), 1, "is corrupt or unreadable")
 
 
@@ -147,7 +149,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
     keys = tuple(o.split("=")[0] + "=" for o in long)
     args = [*[o for o in TINY if not o.startswith(keys)], *long, "--name", "long"]
     proc = run_tiecli("train", *args, cwd=isolated)
-    metrics = isolated / "runs" / "long" / rundir.METRICS
+    metrics = isolated / "runs" / "long" / METRICS
     deadline = time.time() + 120
     while (
         (not metrics.exists() or metrics.read_text().count("\n") < 4) and time.time() < deadline and proc.poll() is None
@@ -158,13 +160,13 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_finishes(isolated):
     assert proc.returncode == 130, err
     assert "interrupted at step" in err and "Traceback" not in err
     assert "error" not in err.lower()  # a stop that was asked for is not an error
-    summary = rundir.RunReader(isolated / "runs" / "long").summary()
+    summary = RunReader(isolated / "runs" / "long").summary()
     assert summary.status == "interrupted" and 0 < summary.step < 400
     (command,) = [line.removeprefix("resume with: ") for line in err.splitlines() if line.startswith("resume with: ")]
     assert command == "tiecli train --resume runs/long"
     result = tiecli(*shlex.split(command)[1:])  # pasted as printed
     assert result.exit_code == 0, result.output
-    assert json.loads((isolated / "runs" / "long" / rundir.SUMMARY).read_text())["status"] == "completed"
+    assert json.loads((isolated / "runs" / "long" / SUMMARY).read_text())["status"] == "completed"
 
 
 @pytest.mark.slow
@@ -224,7 +226,7 @@ def test_run_commands_take_a_bare_name_from_the_runs_dir(isolated):
     assert result.exit_code == 0 and json.loads(result.output)["step"] == 12
     result = tiecli("train", "--resume", "ablation/first", "train.max_steps=15")  # as --name NAME --resume
     assert result.exit_code == 0, result.output
-    assert rundir.RunReader(isolated / "runs" / "ablation" / "first").summary().step == 15
+    assert RunReader(isolated / "runs" / "ablation" / "first").summary().step == 15
     one_line_error(tiecli("eval", "ablation/frist"), 1, "did you mean runs/ablation/first?")
     one_line_error(tiecli("sample", "first"), 1, "did you mean runs/ablation/first?")
     one_line_error(tiecli("export", "nothing-like-it", "out"), 1, "'nothing-like-it' is not a run directory")
@@ -288,12 +290,12 @@ def test_a_sweep_keeps_the_names_its_manifest_gave_and_refuses_changed_overrides
         old_names[job.name] = config.run_name(choices, cfg, job.overrides)
         job.name = job.run_dir = old_names[job.name]
     sweep_dir.mkdir(parents=True)
-    rundir.write_manifest(sweep_dir / "sweep.json", manifest)
+    write_manifest(sweep_dir / "sweep.json", manifest)
     _, again, configs = plan.plan(args, None, Path("runs"), "s")
     assert [j.name for j in again.jobs] == list(old_names.values()) == list(configs)
     assert all(re.search(r"-s0-[0-9a-f]{8}$", n) for n in configs)
 
-    rundir.write_manifest(sweep_dir / "sweep.json", plan.plan(args, None, Path("runs"), "t")[1])
+    write_manifest(sweep_dir / "sweep.json", plan.plan(args, None, Path("runs"), "t")[1])
     one_line_error(
         tiecli("sweep", "model=nano", "tying=tied,untied", "train.max_steps=200", "--name", "s", "--dry-run"),
         1,

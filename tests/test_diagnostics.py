@@ -7,11 +7,13 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import config, diagnostics, rundir, tokenizer, train
+from tiecli import config, diagnostics, tokenizer, train
 from tiecli.cli import app
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, GPTConfig
 from tiecli.pairs import form_pairs, pairs_file, read_pairs_file
+from tiecli.run.layout import CHECKPOINT, CONFIG, GEOMETRY, SNAPSHOTS
+from tiecli.run.reader import RunReader
 
 SHARED_MODES = ["tied", "tied_bias", "scaled", "partial", "hybrid"]
 
@@ -186,8 +188,8 @@ def test_pairs_default_to_the_shipped_english_file():
 
 def run(tmp_path, name, *overrides):
     cfg, _ = config.compose([*TINY, *overrides])
-    train.train(config.to_config(cfg), tmp_path / name, False, {rundir.CONFIG: config.to_yaml(cfg)})
-    return [r.to_dict() for r in rundir.RunReader(tmp_path / name).metrics()]
+    train.train(config.to_config(cfg), tmp_path / name, False, {CONFIG: config.to_yaml(cfg)})
+    return [r.to_dict() for r in RunReader(tmp_path / name).metrics()]
 
 
 @pytest.mark.slow
@@ -199,23 +201,23 @@ def test_diagnostics_do_not_change_training(tmp_path, mode):
     # validation losses and the final weights instead.
     val = lambda rows: [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]  # noqa: E731
     assert val(on) == val(off)
-    a, b = (torch.load(tmp_path / n / rundir.CHECKPOINT, weights_only=True)["model"] for n in ("on", "off"))
+    a, b = (torch.load(tmp_path / n / CHECKPOINT, weights_only=True)["model"] for n in ("on", "off"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all("grad_cos" in r for r in on if r["step"] > 0) and not any("grad_cos" in r for r in off)
-    assert (tmp_path / "on" / rundir.GEOMETRY).exists() and not (tmp_path / "off" / rundir.GEOMETRY).exists()
+    assert (tmp_path / "on" / GEOMETRY).exists() and not (tmp_path / "off" / GEOMETRY).exists()
 
 
 @pytest.mark.slow
 def test_geometry_is_recorded_at_init_and_every_evaluation(tmp_path):
     run(tmp_path, "r", "tying=untied")
-    entries = [e.to_dict() for e in rundir.RunReader(tmp_path / "r").geometry()]
+    entries = [e.to_dict() for e in RunReader(tmp_path / "r").geometry()]
     assert [e["step"] for e in entries] == [0, 6, 12]
     assert entries[0]["input"]["drift"] == 0 and entries[0]["output"]["drift"] == 0
     assert entries[-1]["input"]["drift"] > 0 and entries[-1]["agreement"]["cka"] is not None
     # byte tokens: no English word of the shipped pairs is a single token, and that is no error
     assert entries[0]["n_tokens"] > 50 and entries[0]["pairs"]["source"] == "en" and entries[0]["pairs"]["found"] == 0
     assert entries[0]["input"]["forms_n_pairs"] == 0 and entries[0]["input"]["forms_contrast"] is None
-    assert sorted(p.name for p in (tmp_path / "r" / rundir.SNAPSHOTS).iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "r" / SNAPSHOTS).iterdir()) == [
         "step_0.pt",
         "step_12.pt",
         "step_6.pt",
@@ -232,7 +234,7 @@ def test_geometry_command(isolated):
         == 0
     )
     run_dir = isolated / "runs" / "r"
-    recorded = {e.step: e.to_dict() for e in rundir.RunReader(run_dir).geometry()}
+    recorded = {e.step: e.to_dict() for e in RunReader(run_dir).geometry()}
 
     latest = json.loads(runner.invoke(app, ["geometry", str(run_dir), "--json"]).output)
     assert latest["step"] == 12 and latest["input"] == recorded[12]["input"]
@@ -251,13 +253,13 @@ def test_geometry_command(isolated):
     (isolated / "pairs.tsv").write_text("# forms\nthe\ther\nzzzqqq\tzzzqqqs\n")
     result = runner.invoke(app, ["geometry", str(run_dir), "--pairs", "pairs.tsv", "--write"])
     assert result.exit_code == 0, result.output
-    written = [e.to_dict() for e in rundir.RunReader(run_dir).geometry()]
+    written = [e.to_dict() for e in RunReader(run_dir).geometry()]
     assert [e["step"] for e in written] == [0, 6, 12]
     assert written[-1]["pairs"] == {"source": "pairs.tsv", "found": 2, "skipped_lines": 1}
     assert written[-1]["input"]["forms_n_pairs"] == 2
 
     assert runner.invoke(app, ["geometry", str(isolated)]).exit_code == 1
-    (run_dir / rundir.CHECKPOINT).unlink()
+    (run_dir / CHECKPOINT).unlink()
     result = runner.invoke(app, ["geometry", str(run_dir)])
     assert result.exit_code == 1 and "no checkpoint at" in result.output and "Traceback" not in result.output
 
@@ -406,5 +408,5 @@ def test_training_records_the_pair_gradients(tmp_path, mode):
         assert 0 <= r["pair_claimed"] <= 1 and r["pair_claimed_null_sd"] > 0
     if mode == "tied":  # the null's draw touches no RNG of training: the same weights with the statistics off
         run(tmp_path, "off", "tying=tied", "diag.every=0", f"diag.pairs={tmp_path / 'pairs.tsv'}")
-        a, b = (torch.load(tmp_path / n / rundir.CHECKPOINT, weights_only=True)["model"] for n in ("r", "off"))
+        a, b = (torch.load(tmp_path / n / CHECKPOINT, weights_only=True)["model"] for n in ("r", "off"))
         assert all(torch.equal(a[k], b[k]) for k in a)

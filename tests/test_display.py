@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tiecli import display
 from tiecli.cli import app
-from tiecli.rundir import MetricsRow
+from tiecli.run.records import MetricsRow
 
 
 def row(step, loss=None, val=None):

@@ -6,8 +6,9 @@ import pytest
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import rundir
 from tiecli.cli import app
+from tiecli.run.reader import RunReader
+from tiecli.run.records import read_manifest
 
 
 @pytest.mark.slow
@@ -21,7 +22,7 @@ def test_sweep_then_report_reads_what_train_wrote(isolated):
     result = runner.invoke(app, ["sweep", *grid, "--name", "e2e"])
     assert result.exit_code == 0, result.output
     sweep = isolated / "runs" / "sweeps" / "e2e"
-    manifest = rundir.read_manifest(sweep / "sweep.json")
+    manifest = read_manifest(sweep / "sweep.json")
     assert [job.state for job in manifest.jobs] == ["completed"] * 4
 
     result = runner.invoke(app, ["report", str(sweep)])
@@ -29,7 +30,7 @@ def test_sweep_then_report_reads_what_train_wrote(isolated):
     written = json.loads((sweep / "report" / "results.json").read_text())
     assert len(written["runs"]) == 4 and not written["skipped"]
     for row in written["runs"]:
-        reader = rundir.RunReader(sweep / next(job.run_dir for job in manifest.jobs if job.name == row["name"]))
+        reader = RunReader(sweep / next(job.run_dir for job in manifest.jobs if job.name == row["name"]))
         assert row["loss"] == reader.evals()["val"].loss  # the very number eval.json holds
         assert row["perplexity"] == reader.evals()["val"].perplexity
     groups = {g["group"] for g in written["groups"]}

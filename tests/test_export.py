@@ -12,9 +12,12 @@ from helpers import train_process
 from typer.testing import CliRunner
 
 from tests.conftest import TINY
-from tiecli import checkpoint, config, rundir, tokenizer
+from tiecli import checkpoint, config, tokenizer
 from tiecli.cli import app
 from tiecli.model import GPT, TYING_MODES
+from tiecli.run.files import atomic_write
+from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
+from tiecli.run.reader import RunReader
 
 transformers = pytest.importorskip("transformers", reason="tiecli[hf] (transformers) is not installed")
 safetensors = pytest.importorskip("safetensors", reason="tiecli[hf] (safetensors) is not installed")
@@ -41,10 +44,10 @@ def fake_run(path, mode, *extra):
         g = torch.Generator().manual_seed(7)
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    rundir.atomic_write(path / rundir.CONFIG, config.to_yaml(cfg))
-    rundir.atomic_write(path / rundir.OVERRIDES, "overrides: []\nchoices: {}\n")
+    atomic_write(path / CONFIG, config.to_yaml(cfg))
+    atomic_write(path / OVERRIDES, "overrides: []\nchoices: {}\n")
     state = {"model": model.state_dict(), "optimizer": {}, "rng": {}, "state": {"step": 5}}
-    rundir.atomic_write(path / rundir.CHECKPOINT, checkpoint.to_bytes(state))
+    atomic_write(path / CHECKPOINT, checkpoint.to_bytes(state))
     return model.eval()
 
 
@@ -114,7 +117,7 @@ def test_tied_bias_is_refused_for_hf_and_exported_as_safetensors(tmp_path):
         meta = f.metadata()
         state = {k: f.get_tensor(k) for k in f.keys()}
     assert meta["tying"] == "tied_bias" and meta["step"] == "5"
-    assert json.loads(meta["config"]) == rundir.RunReader(tmp_path / "run").config()
+    assert json.loads(meta["config"]) == RunReader(tmp_path / "run").config()
     assert state.keys() == model.state_dict().keys()
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
@@ -162,7 +165,7 @@ def test_trained_bpe_run_exports_its_tokenizer(tmp_path):
     text = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer"
     ids = corpus.encoding.encode_ordinary(text)
     assert tok(text)["input_ids"] == ids and len(ids) < len(text.encode())  # merges used, same ids
-    model, _ = checkpoint.load_model(tmp_path / "runs/b" / rundir.CHECKPOINT, run_config.model, "b")
+    model, _ = checkpoint.load_model(tmp_path / "runs/b" / CHECKPOINT, run_config.model, "b")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     with torch.no_grad():
         x = torch.tensor([ids[:32]])
@@ -186,7 +189,7 @@ def test_trained_bpe_run_exports_its_tokenizer(tmp_path):
 
 def test_run_without_a_checkpoint_writes_nothing(tmp_path):
     fake_run(tmp_path / "run", "tied")
-    (tmp_path / "run" / rundir.CHECKPOINT).unlink()
+    (tmp_path / "run" / CHECKPOINT).unlink()
     result = export(tmp_path / "run", "--to", "hf", tmp_path / "out")
     assert result.exit_code == 1 and "no checkpoint" in result.output
     assert len(result.output.strip().splitlines()) == 1

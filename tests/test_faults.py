@@ -24,9 +24,13 @@ import pytest
 import torch
 from helpers import tiecli
 
-from tiecli import checkpoint, rundir
+from tiecli import checkpoint
 from tiecli import train as training
 from tiecli.model import GPT
+from tiecli.run.files import Lock, atomic_write, read_json, write_json
+from tiecli.run.layout import CHECKPOINT, CONFIG, EVAL, GEOMETRY, INIT_CHECKPOINT, LOCK, METRICS, SUMMARY
+from tiecli.run.reader import RunReader
+from tiecli.run.writer import RunWriter
 
 # The issue's tiny config F (each key once: a key given twice is refused), then a short schedule.
 F = [
@@ -112,19 +116,17 @@ def stopped(result, text: str) -> str:
 def contents(folder: Path) -> dict[str, bytes]:
     """Every file of a run but its lock, to show a refusal left it untouched."""
     return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != rundir.LOCK
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != LOCK
     }
 
 
 def steps_of(run: Path) -> list[int]:
-    return [r.step for r in rundir.RunReader(run).metrics()]
+    return [r.step for r in RunReader(run).metrics()]
 
 
 def stripped(run: Path) -> list[dict]:
     """metrics.jsonl without the timings, which differ between any two runs."""
-    return [{k: v for k, v in r.to_dict().items() if k != "tokens_per_s"} for r in rundir.RunReader(run).metrics()]
+    return [{k: v for k, v in r.to_dict().items() if k != "tokens_per_s"} for r in RunReader(run).metrics()]
 
 
 @pytest.fixture(autouse=True)
@@ -198,9 +200,9 @@ def test_two_writers_at_once_one_trains_the_other_is_refused(isolated):
     assert any(text in last for text in IN_USE), last
 
     run = isolated / "runs" / "X"
-    reader = rundir.RunReader(run)
+    reader = RunReader(run)
     assert reader.summary().seed == winner and reader.config()["seed"] == winner and reader.status() == "completed"
-    text = (run / rundir.METRICS).read_text()
+    text = (run / METRICS).read_text()
     assert text.count('"format"') == 1  # one header: one writer made the file
     steps = steps_of(run)
     assert steps == sorted(set(steps)) and steps[0] == 0 and steps[-1] == 30  # one seed's rows, once each
@@ -211,7 +213,7 @@ def test_two_writers_at_once_one_trains_the_other_is_refused(isolated):
 def test_a_writer_that_finds_the_run_made_meanwhile_leaves_it_alone(done, monkeypatch):
     """The late side of the race, made certain: the second writer checked before the first had renamed its run into place."""
     before = contents(done)
-    monkeypatch.setattr(rundir, "is_run_dir", lambda path: False)
+    monkeypatch.setattr("tiecli.launch.is_run_dir", lambda path: False)  # the check `tiecli train` makes first
     refused(tiecli("train", *args("seed=2"), "--name", "X"), 1, "run 'X' was created by another process meanwhile")
     assert contents(done) == before
     assert [p.name for p in done.parent.iterdir()] == ["X"]
@@ -220,19 +222,19 @@ def test_a_writer_that_finds_the_run_made_meanwhile_leaves_it_alone(done, monkey
 @pytest.mark.slow
 def test_geometry_write_refuses_a_run_being_trained(done):
     before = contents(done)
-    with rundir.Lock(done / rundir.LOCK, "run X"):  # what the trainer holds
+    with Lock(done / LOCK, "run X"):  # what the trainer holds
         refused(tiecli("geometry", done, "--write"), 1, f"run X is in use by process {os.getpid()}")
         assert tiecli("geometry", done).exit_code == 0  # reading needs no lock
     assert contents(done) == before
     assert tiecli("geometry", done, "--write").exit_code == 0
-    assert [e.step for e in rundir.RunReader(done).geometry()] == [8]
+    assert [e.step for e in RunReader(done).geometry()] == [8]
 
 
 # --- 2. --resume with nothing to resume -------------------------------------------------------------
 
 
 def test_resume_of_a_completed_run_without_its_checkpoint_touches_nothing(done):
-    (done / rundir.CHECKPOINT).unlink()
+    (done / CHECKPOINT).unlink()
     before = contents(done)
     # Extending it would need last.pt: refused, and the recorded steps, eval.json and config stay.
     refused(
@@ -291,13 +293,10 @@ def test_out_of_memory_is_one_line_and_a_plain_rerun_replaces_the_run(isolated):
     assert proc.returncode == 1, err[-3000:]
     ends_in_error(err, "out of memory")
     run = isolated / "runs" / "X"
-    assert not run.exists() or rundir.RunReader(run).status() == "failed"
+    assert not run.exists() or RunReader(run).status() == "failed"
     result = tiecli("train", *RUN, "--name", "X")  # no --resume: a run that trained no step gives way
     assert result.exit_code == 0, result.output
-    assert (
-        rundir.RunReader(run).summary().status == "completed"
-        and rundir.RunReader(run).config()["train"]["batch_size"] == 8
-    )
+    assert RunReader(run).summary().status == "completed" and RunReader(run).config()["train"]["batch_size"] == 8
 
 
 def disk_full(*_args, **_kw):
@@ -317,10 +316,9 @@ def test_a_full_disk_while_the_run_is_created_leaves_nothing(isolated, monkeypat
 
         monkeypatch.setattr(os, "rename", full_at_rename)
     else:
-        write = rundir.atomic_write
+        write = atomic_write
         monkeypatch.setattr(
-            rundir,
-            "atomic_write",
+            "tiecli.run.writer.atomic_write",
             lambda path, data: disk_full() if Path(path).name == "init.pt" else write(path, data),
         )
     refused(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
@@ -345,11 +343,11 @@ def test_sigterm_before_the_first_step_then_resume_or_rerun(isolated, monkeypatc
     sigterm_at_the_step_0_evaluation(monkeypatch)
     stopped(tiecli("train", *RUN, "--name", "X"), "interrupted at step 0/8")
     run = isolated / "runs" / "X"
-    assert rundir.RunReader(run).status() == "interrupted" and (run / rundir.CHECKPOINT).is_file()
+    assert RunReader(run).status() == "interrupted" and (run / CHECKPOINT).is_file()
     monkeypatch.setattr(training, "evaluate", EVALUATE)
     result = tiecli("train", *RUN, "--name", "X", *(["--resume"] if then == "resume" else []))
     assert result.exit_code == 0, result.output
-    assert rundir.RunReader(run).summary().status == "completed" and steps_of(run) == [0, 2, 4, 6, 8]
+    assert RunReader(run).summary().status == "completed" and steps_of(run) == [0, 2, 4, 6, 8]
 
 
 @pytest.mark.slow
@@ -365,11 +363,11 @@ def test_an_extension_stopped_midway_resumes_to_its_new_end(done, monkeypatch):
 
     monkeypatch.setattr(training, "evaluate", evaluate)
     stopped(tiecli("train", *args("train.max_steps=16"), "--name", "X", "--resume"), "interrupted at step 12/16")
-    assert rundir.RunReader(done).config()["train"]["max_steps"] == 16
+    assert RunReader(done).config()["train"]["max_steps"] == 16
     monkeypatch.setattr(training, "evaluate", EVALUATE)
     result = tiecli("train", "--resume", done)  # no overrides: the run's own config.yaml
     assert result.exit_code == 0, result.output
-    summary = rundir.RunReader(done).summary()
+    summary = RunReader(done).summary()
     assert (summary.status, summary.step, summary.max_steps) == ("completed", 16, 16)
     refused(
         tiecli("train", *args("train.max_steps=20", "train.max_steps=24"), "--name", "X", "--resume"), 2, "given twice"
@@ -395,9 +393,9 @@ def test_a_nan_loss_fails_the_run_and_keeps_the_checkpoint_from_before(isolated,
     line = failed(tiecli("train", *RUN, "--name", "N"), 1, "the training loss became nan by step 6")
     assert "the checkpoint from step 4 is kept" in line
     run = isolated / "runs" / "N"
-    summary = rundir.RunReader(run).summary()
+    summary = RunReader(run).summary()
     assert summary.status == "failed" and "step 6" in summary.error
-    ckpt = checkpoint.load(run / rundir.CHECKPOINT, "N")
+    ckpt = checkpoint.load(run / CHECKPOINT, "N")
     assert ckpt["state"]["step"] == 4 and all(torch.isfinite(t).all() for t in ckpt["model"].values())
     assert steps_of(run) == [0, 2, 4]  # no NaN line in metrics.jsonl either
 
@@ -406,33 +404,33 @@ def test_a_nan_loss_fails_the_run_and_keeps_the_checkpoint_from_before(isolated,
 
 
 def empty_checkpoint(run: Path) -> str:
-    torch.save({}, run / rundir.CHECKPOINT)
+    torch.save({}, run / CHECKPOINT)
     return "is not a tiecli checkpoint (no 'model' entry)"
 
 
 def wrong_shape(run: Path) -> str:
-    ckpt = torch.load(run / rundir.CHECKPOINT, weights_only=True)
+    ckpt = torch.load(run / CHECKPOINT, weights_only=True)
     ckpt["model"]["emb.wte"] = torch.zeros(256, 65)
-    torch.save(ckpt, run / rundir.CHECKPOINT)
+    torch.save(ckpt, run / CHECKPOINT)
     return "emb.wte is (256, 65) in its checkpoint but (256, 64) by config.yaml"
 
 
 def wrong_shape_inside(run: Path) -> str:
-    ckpt = torch.load(run / rundir.CHECKPOINT, weights_only=True)
+    ckpt = torch.load(run / CHECKPOINT, weights_only=True)
     ckpt["model"]["h.1.mlp.c_fc.weight"] = torch.zeros(3, 64)
-    torch.save(ckpt, run / rundir.CHECKPOINT)
+    torch.save(ckpt, run / CHECKPOINT)
     return "h.1.mlp.c_fc.weight is (3, 64) in its checkpoint but (256, 64) by config.yaml"
 
 
 def wrong_state(run: Path) -> str:
-    ckpt = torch.load(run / rundir.CHECKPOINT, weights_only=True)
+    ckpt = torch.load(run / CHECKPOINT, weights_only=True)
     ckpt["state"], ckpt["optimizer"] = {"steps": "many"}, {"state": {}}
-    torch.save(ckpt, run / rundir.CHECKPOINT)
+    torch.save(ckpt, run / CHECKPOINT)
     return "checkpoint last.pt"
 
 
 def edited_config(run: Path) -> str:
-    config = run / rundir.CONFIG
+    config = run / CONFIG
     config.write_text(config.read_text().replace("n_embd: 64", "n_embd: 32"))
     return "(256, 32) by config.yaml"
 
@@ -454,9 +452,9 @@ def test_a_checkpoint_of_the_wrong_structure_is_one_line_for_every_command(done,
     "entry, value", [("optimizer", {"state": {}}), ("rng", {"torch": "seed"}), ("state", {"step": 8, "steps": 1})]
 )
 def test_a_checkpoint_whose_training_state_is_foreign_is_one_line_on_resume(done, entry, value):
-    ckpt = torch.load(done / rundir.CHECKPOINT, weights_only=True)
+    ckpt = torch.load(done / CHECKPOINT, weights_only=True)
     ckpt[entry] = value
-    torch.save(ckpt, done / rundir.CHECKPOINT)
+    torch.save(ckpt, done / CHECKPOINT)
     before = contents(done)
     refused(
         tiecli("train", *args("train.max_steps=12"), "--name", "X", "--resume"),
@@ -473,7 +471,7 @@ def test_a_checkpoint_whose_training_state_is_foreign_is_one_line_on_resume(done
 @pytest.mark.parametrize("where", ["metrics line", "checkpoint"])
 def test_a_full_disk_mid_run_is_one_line_and_marks_the_run_failed(isolated, monkeypatch, where):
     if where == "metrics line":
-        log, calls = rundir.RunWriter.log, {"n": 0}
+        log, calls = RunWriter.log, {"n": 0}
 
         def full_log(self, row):
             calls["n"] += 1
@@ -481,17 +479,16 @@ def test_a_full_disk_mid_run_is_one_line_and_marks_the_run_failed(isolated, monk
                 disk_full()
             return log(self, row)
 
-        monkeypatch.setattr(rundir.RunWriter, "log", full_log)
+        monkeypatch.setattr(RunWriter, "log", full_log)
     else:
-        write = rundir.atomic_write
+        write = atomic_write
         monkeypatch.setattr(
-            rundir,
-            "atomic_write",
+            "tiecli.run.writer.atomic_write",
             lambda path, data: disk_full() if Path(path).name == "last.pt" else write(path, data),
         )
     failed(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
     run = isolated / "runs" / "X"
-    summary = rundir.RunReader(run).summary()
+    summary = RunReader(run).summary()
     assert summary.status == "failed" and summary.step == 4 and "No space left on device" in summary.error
     assert not list(run.rglob("*.tmp"))
 
@@ -510,9 +507,9 @@ def test_a_file_size_limit_is_one_line_and_marks_the_run_failed(isolated):
         str(Path("runs", "X", "checkpoints", "last.pt"))
     )  # the file named
     run = isolated / "runs" / "X"
-    summary = rundir.RunReader(run).summary()
+    summary = RunReader(run).summary()
     assert summary.status == "failed" and summary.step == 4
-    assert not (run / rundir.CHECKPOINT).exists() and not list(run.rglob("*.tmp"))
+    assert not (run / CHECKPOINT).exists() and not list(run.rglob("*.tmp"))
 
 
 def test_a_read_only_runs_folder_is_one_line(isolated):
@@ -615,16 +612,16 @@ def test_ctrl_c_in_the_final_evaluation_then_resume_only_evaluates(isolated, mon
     monkeypatch.setattr(training, "evaluate", evaluate)
     stopped(tiecli("train", *RUN, "--name", "X"), "interrupted during the final evaluation")
     run = isolated / "runs" / "X"
-    reader = rundir.RunReader(run)
+    reader = RunReader(run)
     assert reader.status() == "interrupted" and reader.summary().step == 8 and not reader.evals()
-    rows, last = stripped(run), (run / rundir.CHECKPOINT).read_bytes()
-    assert checkpoint.load(run / rundir.CHECKPOINT, "X")["state"]["step"] == 8
+    rows, last = stripped(run), (run / CHECKPOINT).read_bytes()
+    assert checkpoint.load(run / CHECKPOINT, "X")["state"]["step"] == 8
 
     monkeypatch.setattr(training, "evaluate", EVALUATE)
     result = tiecli("train", *RUN, "--name", "X", "--resume")
     assert result.exit_code == 0, result.output
     assert "resuming X from step 8" in result.output
-    assert stripped(run) == rows and (run / rundir.CHECKPOINT).read_bytes() == last  # no step trained again
+    assert stripped(run) == rows and (run / CHECKPOINT).read_bytes() == last  # no step trained again
     assert reader.summary().status == "completed" and reader.evals()["val"].step == 8
 
 
@@ -647,9 +644,7 @@ def test_a_second_ctrl_c_stops_at_once(isolated):
     )
     try:
         deadline = time.time() + 180
-        while (
-            not (run / rundir.CHECKPOINT).exists() or not any(s >= 2 for s in steps_of(run))
-        ) and proc.poll() is None:
+        while (not (run / CHECKPOINT).exists() or not any(s >= 2 for s in steps_of(run))) and proc.poll() is None:
             assert time.time() < deadline, "timed out waiting for the first steps"
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -668,9 +663,9 @@ def test_a_second_ctrl_c_stops_at_once(isolated):
     finally:
         proc.kill()
     assert proc.returncode == -signal.SIGINT  # ended by the second Ctrl-C itself, not by an orderly exit (130)
-    ckpt = checkpoint.load(run / rundir.CHECKPOINT, "X")
+    ckpt = checkpoint.load(run / CHECKPOINT, "X")
     assert ckpt["state"]["step"] >= 1
-    assert rundir.RunReader(run).status() == "interrupted"
+    assert RunReader(run).status() == "interrupted"
     result = tiecli("runs")
     assert result.exit_code == 0 and "interrupted" in result.output, result.output
 
@@ -712,7 +707,7 @@ def test_kill_9_at_several_points_then_resume_matches_an_uninterrupted_run(isola
     try:
         # After a few steps, between checkpoints (the first at step 3; killed once step 6 is logged).
         procs.append(spawn("train", *common, "--name", "X"))
-        assert _kill_when(procs[-1], lambda: (run / rundir.SUMMARY).exists() and any(s >= 4 for s in steps_of(run)))
+        assert _kill_when(procs[-1], lambda: (run / SUMMARY).exists() and any(s >= 4 for s in steps_of(run)))
         # Then while last.pt is being written, a few times.
         torn = 0
         for _ in range(3):
@@ -732,10 +727,10 @@ def test_kill_9_at_several_points_then_resume_matches_an_uninterrupted_run(isola
 
     whole = isolated / "runs" / "whole"
     assert stripped(run) == stripped(whole) and steps_of(run) == [0, 3, 6, 9, 12, 15, 18, 21, 24]
-    a, b = rundir.RunReader(run), rundir.RunReader(whole)
+    a, b = RunReader(run), RunReader(whole)
     assert a.evals()["val"].loss == b.evals()["val"].loss and a.summary().status == "completed"
-    wa = torch.load(run / rundir.CHECKPOINT, weights_only=True)["model"]
-    wb = torch.load(whole / rundir.CHECKPOINT, weights_only=True)["model"]
+    wa = torch.load(run / CHECKPOINT, weights_only=True)["model"]
+    wb = torch.load(whole / CHECKPOINT, weights_only=True)["model"]
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not list(run.rglob("*.tmp"))
 
@@ -794,17 +789,17 @@ def test_bad_config_values_exit_2_in_one_line_and_leave_nothing(isolated, overri
 
 
 def cut_eval_json(run: Path) -> str:
-    (run / rundir.EVAL).write_text("{")
+    (run / EVAL).write_text("{")
     return "run X: eval.json is unreadable"
 
 
 def no_init_checkpoint(run: Path) -> str:
-    (run / rundir.INIT_CHECKPOINT).unlink()
+    (run / INIT_CHECKPOINT).unlink()
     return "run X: no checkpoint at"
 
 
 def cut_geometry_json(run: Path) -> str:
-    (run / rundir.GEOMETRY).write_text('{"format": 1, "entries": [')
+    (run / GEOMETRY).write_text('{"format": 1, "entries": [')
     return "run X: geometry.json is unreadable"
 
 
@@ -817,7 +812,7 @@ def test_a_resume_that_could_not_finish_is_refused_before_it_trains_and_the_run_
     refused(tiecli("train", "--resume", done, "train.max_steps=12"), 1, text)
     refused(tiecli("train", *args("train.max_steps=12"), "--name", "X", "--resume"), 1, text)
     assert contents(done) == before  # every byte, summary.json's `completed` included
-    assert rundir.RunReader(done).status() == "completed"
+    assert RunReader(done).status() == "completed"
 
 
 def train_other(name: str, steps: int) -> Path:
@@ -829,20 +824,20 @@ def train_other(name: str, steps: int) -> Path:
 
 def without_run_ids(run: Path) -> None:
     """The run as a tiecli from before run ids wrote it: none in summary.json, none (nor logged_step) in last.pt."""
-    summary = rundir.read_json(run / rundir.SUMMARY)
+    summary = read_json(run / SUMMARY)
     del summary["run_id"]
-    rundir.write_json(run / rundir.SUMMARY, summary)
-    ckpt = torch.load(run / rundir.CHECKPOINT, weights_only=True)
+    write_json(run / SUMMARY, summary)
+    ckpt = torch.load(run / CHECKPOINT, weights_only=True)
     del ckpt["state"]["run_id"], ckpt["state"]["logged_step"]
-    torch.save(ckpt, run / rundir.CHECKPOINT)
+    torch.save(ckpt, run / CHECKPOINT)
 
 
 @pytest.mark.slow
 def test_another_runs_checkpoint_is_refused_naming_both_sides(done):
     other = train_other("Y", 12)
-    (done / rundir.CHECKPOINT).write_bytes((other / rundir.CHECKPOINT).read_bytes())
+    (done / CHECKPOINT).write_bytes((other / CHECKPOINT).read_bytes())
     before = contents(done)
-    ours, theirs = rundir.RunReader(done).summary().run_id, rundir.RunReader(other).summary().run_id
+    ours, theirs = RunReader(done).summary().run_id, RunReader(other).summary().run_id
     assert ours and theirs and ours != theirs
     line = refused(tiecli("train", "--resume", done, "train.max_steps=16"), 1, f"belongs to run id {theirs}")
     assert f"this run is {ours}" in line
@@ -856,8 +851,8 @@ def test_another_runs_checkpoint_is_refused_naming_both_sides(done):
         "last.pt is at step 12, but summary.json says the run was completed at step 8",
     )
     # ... and for a run killed mid-way (summary.json still `running` at step 0), metrics.jsonl does.
-    summary = rundir.read_json(done / rundir.SUMMARY)
-    rundir.write_json(done / rundir.SUMMARY, {**summary, "status": "running", "step": 0})
+    summary = read_json(done / SUMMARY)
+    write_json(done / SUMMARY, {**summary, "status": "running", "step": 0})
     before = contents(done)
     line = refused(tiecli("train", "--resume", done, "train.max_steps=16"), 1, "metrics.jsonl ends at step 8")
     assert "last.pt is at step 12, with a row every 2 steps" in line
@@ -869,8 +864,8 @@ def test_a_run_from_before_run_ids_still_resumes_and_gets_one(done):
     without_run_ids(done)
     result = tiecli("train", "--resume", done, "train.max_steps=12")
     assert result.exit_code == 0, result.output
-    run_id = rundir.RunReader(done).summary().run_id
-    assert run_id and checkpoint.load(done / rundir.CHECKPOINT, "X")["state"]["run_id"] == run_id
+    run_id = RunReader(done).summary().run_id
+    assert run_id and checkpoint.load(done / CHECKPOINT, "X")["state"]["run_id"] == run_id
     assert steps_of(done) == [0, 2, 4, 6, 8, 10, 12]
 
 
@@ -891,7 +886,7 @@ def emptied(metrics: Path) -> str:
 def test_a_resume_after_metrics_lost_rows_says_which_and_changes_nothing(done, damage, old):
     if old:
         without_run_ids(done)
-    text = damage(done / rundir.METRICS)
+    text = damage(done / METRICS)
     before = contents(done)
     line = refused(tiecli("train", "--resume", done, "train.max_steps=12"), 1, text)
     assert "last.pt is at step 8" in line and "rows were lost" in line

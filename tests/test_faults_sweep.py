@@ -13,9 +13,11 @@ import pytest
 from conftest import TINY
 from helpers import one_line_error, tiecli
 
-from tiecli import rundir
+from tiecli.run.files import Lock
+from tiecli.run.layout import CONFIG, LOCK, MANIFEST
+from tiecli.run.reader import RunReader
+from tiecli.run.records import read_manifest
 from tiecli.sweep import plan
-from tiecli.sweep.manifest import MANIFEST
 
 MANIFEST_FIELDS = {
     "name": "bad",
@@ -60,7 +62,7 @@ def test_a_stale_pid_does_not_block_the_sweep_but_a_running_sweep_does(isolated)
     assert result.exit_code == 0 and "1 of 1 jobs already completed" in result.output, result.output
     assert "pid" not in json.loads(path.read_text())
 
-    with rundir.Lock(path.parent / rundir.LOCK, "another sweep"):  # what a sweep holds while it runs
+    with Lock(path.parent / LOCK, "another sweep"):  # what a sweep holds while it runs
         before = path.read_bytes()
         one_line_error(tiecli(*args), 1, f"sweep locked is in use by process {os.getpid()}")
         assert path.read_bytes() == before
@@ -72,8 +74,8 @@ def test_a_run_another_process_writes_refuses_the_sweep(isolated):
     folder, manifest, _ = plan.plan(args, None, Path("runs"), "busy")
     run = folder / manifest.jobs[1].run_dir
     run.mkdir(parents=True)
-    (run / rundir.CONFIG).write_text("seed: 1\n")  # enough to be a run directory; its writer holds the lock
-    with rundir.Lock(run / rundir.LOCK, f"run {run.name}"):
+    (run / CONFIG).write_text("seed: 1\n")  # enough to be a run directory; its writer holds the lock
+    with Lock(run / LOCK, f"run {run.name}"):
         one_line_error(
             tiecli("sweep", *args, "--name", "busy"),
             1,
@@ -114,10 +116,10 @@ def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
     trainer = None
     try:
         _wait(lambda: (folder / MANIFEST).exists(), 60, "the manifest")
-        job = rundir.read_manifest(folder / MANIFEST).jobs[0]
-        reader = rundir.RunReader(folder / job.run_dir)
+        job = read_manifest(folder / MANIFEST).jobs[0]
+        reader = RunReader(folder / job.run_dir)
         _wait(lambda: [r for r in reader.metrics() if r.step > 0], 120, "the job's first steps")
-        trainer = int((reader.path / rundir.LOCK).read_text())
+        trainer = int((reader.path / LOCK).read_text())
         proc.kill()
         proc.wait(10)
         _wait(lambda: _gone(trainer), 15, f"the orphaned trainer {trainer} to stop")
@@ -130,7 +132,7 @@ def test_a_killed_sweep_stops_its_trainer_and_a_rerun_resumes_it(isolated):
 
     result = tiecli(*args)
     assert result.exit_code == 0, result.output
-    job = rundir.read_manifest(folder / MANIFEST).jobs[0]
+    job = read_manifest(folder / MANIFEST).jobs[0]
     assert (job.state, job.attempts) == ("completed", 2) and reader.summary().step == 30
     log = (folder / job.log).read_text()
     assert "--resume" in log and f"from step {summary.step}" in log

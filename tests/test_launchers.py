@@ -14,9 +14,10 @@ import pytest
 from conftest import TINY
 from helpers import one_line_error, tiecli
 
-from tiecli import rundir
+from tiecli.run.layout import CHECKPOINT, CONFIG, LOCK, MANIFEST, OVERRIDES, SUMMARY
+from tiecli.run.reader import RunReader
+from tiecli.run.records import read_manifest, write_manifest
 from tiecli.sweep import launchers, plan, scheduler
-from tiecli.sweep.manifest import MANIFEST
 
 # long jobs: two evaluations and a checkpoint every 50 steps, so that most of the time goes to training steps
 LONG = [o for o in TINY if not o.startswith(("train.max_steps=", "train.checkpoint_interval="))]
@@ -32,8 +33,8 @@ def _wait(condition, seconds: float, what: str) -> None:
 
 def _checkpointed(folder: Path, job: dict) -> bool:
     """The job trains and has saved its first checkpoint (step 50)."""
-    reader = rundir.RunReader(folder / job["run_dir"])
-    return (reader.path / rundir.CHECKPOINT).is_file() and reader.in_use()
+    reader = RunReader(folder / job["run_dir"])
+    return (reader.path / CHECKPOINT).is_file() and reader.in_use()
 
 
 @pytest.mark.slow
@@ -51,9 +52,9 @@ def test_submitit_local_runs_real_jobs_and_a_rerun_resumes_the_killed_and_the_pr
         _wait(lambda: (folder / MANIFEST).exists(), 60, "the manifest")
         jobs = json.loads((folder / MANIFEST).read_text())["jobs"]
         _wait(lambda: _checkpointed(folder, jobs[1]), 120, "the second job's first checkpoint")
-        os.kill(int((folder / jobs[1]["run_dir"] / rundir.LOCK).read_text()), signal.SIGKILL)
+        os.kill(int((folder / jobs[1]["run_dir"] / LOCK).read_text()), signal.SIGKILL)
         _wait(lambda: _checkpointed(folder, jobs[2]), 120, "the third job's first checkpoint")
-        trainer = int((folder / jobs[2]["run_dir"] / rundir.LOCK).read_text())
+        trainer = int((folder / jobs[2]["run_dir"] / LOCK).read_text())
         job_process = int(Path(f"/proc/{trainer}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
         os.kill(job_process, signal.SIGUSR2)
         out, _ = proc.communicate(timeout=120)
@@ -73,20 +74,20 @@ def test_submitit_local_runs_real_jobs_and_a_rerun_resumes_the_killed_and_the_pr
     assert (done["state"], done["exit_code"]) == ("completed", 0)
     assert (failed["state"], failed["exit_code"]) == ("failed", -9) and "killed by SIGKILL" in failed["error"]
     assert (preempted["state"], preempted["exit_code"]) == ("interrupted", 130)
-    stopped = rundir.RunReader(folder / preempted["run_dir"]).summary()
+    stopped = RunReader(folder / preempted["run_dir"]).summary()
     assert stopped.status == "interrupted" and 50 <= stopped.step < 401
-    kept = (folder / done["run_dir"] / rundir.SUMMARY).read_bytes()
+    kept = (folder / done["run_dir"] / SUMMARY).read_bytes()
 
     result = tiecli(*args)
     assert result.exit_code == 0 and "1 of 3 jobs already completed; skipping them" in result.output, result.output
     rerun = {j["name"]: j for j in json.loads((folder / MANIFEST).read_text())["jobs"]}
-    assert (folder / done["run_dir"] / rundir.SUMMARY).read_bytes() == kept
+    assert (folder / done["run_dir"] / SUMMARY).read_bytes() == kept
     for old in (failed, preempted):
         job = rerun[old["name"]]
         assert (job["state"], job["attempts"]) == ("completed", 2) and job["job_id"] != old["job_id"]
         log = (folder / job["log"]).read_text()
         assert "# attempt 2" in log and "--resume" in log.split("# attempt 2")[1]
-        assert rundir.RunReader(folder / job["run_dir"]).summary().step == int(job["overrides"][-1].split("=")[1])
+        assert RunReader(folder / job["run_dir"]).summary().step == int(job["overrides"][-1].split("=")[1])
     assert f"from step {stopped.step}" in (folder / preempted["log"]).read_text()
 
 
@@ -95,7 +96,7 @@ def test_status_shows_a_sweep_without_running_it(isolated):
     folder, manifest, _ = plan.plan([*TINY, "seed=0,1"], None, Path("runs"), "shown")
     manifest.jobs[0].state, manifest.jobs[0].job_id = "running", "4242_0"  # submitted by a sweep that died
     folder.mkdir(parents=True)
-    rundir.write_manifest(folder / MANIFEST, manifest)
+    write_manifest(folder / MANIFEST, manifest)
     before = sorted(p.name for p in folder.iterdir())
     result = tiecli("sweep", "--status", "shown")
     assert result.exit_code == 0, result.output
@@ -207,7 +208,7 @@ def test_each_concurrent_job_gets_its_own_gpu_round_robin(isolated, monkeypatch)
     assert result.exit_code == 0, result.output
     assert "GPU 3)" in result.output and "GPU 5)" in result.output
     folder = isolated / "runs" / "sweeps" / "gpus"
-    manifest = rundir.read_manifest(folder / MANIFEST)
+    manifest = read_manifest(folder / MANIFEST)
     given = [
         re.search(r"# attempt 1, \S+ on CUDA_VISIBLE_DEVICES=(\S+): ", (folder / j.log).read_text())
         for j in manifest.jobs
@@ -226,7 +227,7 @@ def test_the_job_command_resumes_a_started_run_and_uses_torchrun_for_several_gpu
         "seed=1",
     ]
     (isolated / "run").mkdir()
-    for file in (rundir.CONFIG, rundir.OVERRIDES):  # a run directory: the job resumes it
+    for file in (CONFIG, OVERRIDES):  # a run directory: the job resumes it
         (isolated / "run" / file).write_text("seed: 1\n")
     spec.nproc, spec.config_dir = 2, "/my/conf"
     assert launchers.train_command(spec)[8:] == ["--nproc", "2", "--resume", "--config-dir", "/my/conf", "--", "seed=1"]

@@ -7,14 +7,16 @@ import torch
 from conftest import TINY
 from omegaconf import OmegaConf
 
-from tiecli import config, distributed, rundir, runtime, train
+from tiecli import config, distributed, runtime, train
 from tiecli.errors import ConfigError
+from tiecli.run.layout import CONFIG, OVERRIDES, SUMMARY
+from tiecli.run.reader import RunReader
 
 
 def tiny_run(tmp_path, *overrides):
     keys = {o.split("=", 1)[0] for o in overrides}
     cfg, _ = config.compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
-    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: "overrides: []\n"}
+    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: "overrides: []\n"}
     return train.train(config.to_config(cfg), tmp_path / "run", False, files)
 
 
@@ -25,14 +27,14 @@ def test_throughput_is_timed_after_the_device_finishes_and_only_at_log_steps(tmp
     synced = []
     monkeypatch.setattr(train, "synchronize", lambda device: synced.append(device.type))
     tiny_run(tmp_path, "eval.test=false")
-    logged = [r.step for r in rundir.RunReader(tmp_path / "run").metrics() if r.tokens_per_s is not None]
+    logged = [r.step for r in RunReader(tmp_path / "run").metrics() if r.tokens_per_s is not None]
     assert logged == [3, 6, 9, 10, 12] and synced == ["cpu"] * len(logged)
 
 
 @pytest.mark.slow
 def test_summary_records_the_peak_memory(tmp_path, monkeypatch):
     summary = tiny_run(tmp_path, "eval.test=false")
-    stored = json.loads((tmp_path / "run" / rundir.SUMMARY).read_text())
+    stored = json.loads((tmp_path / "run" / SUMMARY).read_text())
     assert stored["peak_memory"] == summary.peak_memory and summary.peak_memory["of"] == "process peak RSS"
     assert 50 * 2**20 < summary.peak_memory["bytes"] < 64 * 2**30  # torch alone is more than 50 MiB
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123456789)
@@ -104,7 +106,7 @@ def test_the_final_evaluation_is_bounded_and_its_time_told_before_training(tmp_p
     err = " ".join(capsys.readouterr().err.split())
     line = "final evaluation: val, train, test, 1,920 tokens, at most 640 a split (eval.max_tokens); about"
     assert line in err and err.index(line) < err.index("step 3/12")
-    for e in rundir.RunReader(tmp_path / "run").evals().values():
+    for e in RunReader(tmp_path / "run").evals().values():
         assert e.n_tokens == 640 and e.subset["windows"] == 20 and e.subset["loss_se"] > 0
 
 

@@ -1,4 +1,4 @@
-"""tiecli report and tiecli runs on synthetic run directories, written through rundir.RunWriter, whose numbers are known in advance."""
+"""tiecli report and tiecli runs on synthetic run directories, written through RunWriter, whose numbers are known in advance."""
 
 import json
 import math
@@ -31,11 +31,11 @@ from helpers import (
 from scipy import stats
 from typer.testing import CliRunner
 
-from tiecli import rundir
 from tiecli.cli import app
 from tiecli.report import claims as report_claims
 from tiecli.report import load
 from tiecli.report.groups import group_runs
+from tiecli.run.layout import FORMAT
 
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -291,7 +291,7 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
     write_run(broken, "micro", "untied", 0, status="running")  # its writer died: the lock is free
     (write_run(broken, "micro", "tied", 1) / "eval.json").write_text("[1, 2")
     newer = write_run(broken, "micro", "tied", 2) / "summary.json"
-    newer.write_text(json.dumps({**json.loads(newer.read_text()), "format": rundir.FORMAT + 1}))
+    newer.write_text(json.dumps({**json.loads(newer.read_text()), "format": FORMAT + 1}))
     try:
         result = tiecli("report", sweep, broken, "--out", sweep.parent / "out")
     finally:
@@ -306,8 +306,8 @@ def test_broken_runs_are_skipped_with_reasons(sweep):
         "micro-tied-s0": "status running",
         "micro-untied-s0": "status interrupted",
         "micro-tied-s1": "eval.json is unreadable (JSONDecodeError)",
-        "micro-tied-s2": f"summary.json has format {rundir.FORMAT + 1}, newer than this tiecli reads "
-        f"({rundir.FORMAT}); upgrade tiecli to read it",
+        "micro-tied-s2": f"summary.json has format {FORMAT + 1}, newer than this tiecli reads "
+        f"({FORMAT}); upgrade tiecli to read it",
     }
     assert (
         len(data["runs"]) == 12 and groups["nano tied"]["n_seeds"] == 3

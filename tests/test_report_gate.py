@@ -7,7 +7,7 @@ import math
 import pytest
 from helpers import TOKENS_PER_STEP, V, make_run, params, results, tiecli
 
-from tiecli import rundir
+from tiecli.run.records import MetricsRow
 
 UNIGRAM = 100.0  # the corpus's unigram perplexity in these runs (bigram: half of it)
 
@@ -43,7 +43,7 @@ def gate_run(root, mode, seed, loss, lr=0.003, unigram: float | None = UNIGRAM):
     }
     cos = {"grad_cos": -0.3 if mode == "tied" else 0.0}
     rows = [
-        rundir.MetricsRow(step=step, tokens=step * TOKENS_PER_STEP, lr=lr, val_loss=val, diag=cos if step else {})
+        MetricsRow(step=step, tokens=step * TOKENS_PER_STEP, lr=lr, val_loss=val, diag=cos if step else {})
         for step, val in ((0, 5.0), (10, loss + 1), (20, loss))
     ]
     make_run(

@@ -15,7 +15,10 @@ import torch
 from helpers import V, expected_verdict, interval, make_run, params, results, tiecli, tost
 from scipy import stats
 
-from tiecli import rundir
+from tiecli.run.files import write_json
+from tiecli.run.layout import SUMMARY
+from tiecli.run.reader import RunReader
+from tiecli.run.records import GeometryEntry, MetricsRow
 
 STEPS, LOG_EVERY = 100, 5  # 20 logged rows; the first 20% of steps: the rows at steps 5, 10, 15, 20
 SHAPE = {"nano": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128}}
@@ -54,15 +57,15 @@ def run_dir(
     STEPS with drift = (input, output), summary.json with dtype, threads and the unigram perplexity of its corpus."""
     losses, norms = losses or smooth_losses(), norms or [1.0] * (STEPS // LOG_EVERY)
     val = {0: 5.0, 50: loss + 1, STEPS: loss}
-    rows = [rundir.MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0)]
+    rows = [MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0)]
     for i, step in enumerate(range(LOG_EVERY, STEPS + 1, LOG_EVERY)):
-        row = rundir.MetricsRow(step, step * 1000, lr, loss=losses[i], grad_norm=norms[i], val_loss=val.get(step))
+        row = MetricsRow(step, step * 1000, lr, loss=losses[i], grad_norm=norms[i], val_loss=val.get(step))
         row.train_eval_loss = dict(zip((50, STEPS), fit or (None, None))).get(step)
         rows.append(row)
     side = {"singular_values": [2.0, 1.0]}
     entries = (
         [
-            rundir.GeometryEntry(step, mode == "tied", V, {**side, "drift": d_in}, {**side, "drift": d_out})
+            GeometryEntry(step, mode == "tied", V, {**side, "drift": d_in}, {**side, "drift": d_out})
             for step, (d_in, d_out) in ((0, (0.0, 0.0)), (STEPS, drift or (0.0, 0.0)))
         ]
         if drift
@@ -98,8 +101,8 @@ def run_dir(
     writer.summary(dataclasses.replace(writer.reader.summary(), corpus=corpus, dtype=dtype))
     writer.close()
     if threads:  # without: summary.json as a tiecli older than the threads field wrote it
-        summary = json.loads((root / name / rundir.SUMMARY).read_text())
-        rundir.write_json(root / name / rundir.SUMMARY, {**summary, "threads": threads})
+        summary = json.loads((root / name / SUMMARY).read_text())
+        write_json(root / name / SUMMARY, {**summary, "threads": threads})
 
 
 def report(root, *args):
@@ -301,7 +304,7 @@ def test_train_records_its_threads(tmp_path):
 
     result = tiecli("train", *TINY, "diag.every=0", "diag.geometry=false", "--name", "t")
     assert result.exit_code == 0, result.output
-    summary = rundir.RunReader(tmp_path / "runs" / "t").summary()
+    summary = RunReader(tmp_path / "runs" / "t").summary()
     assert summary.threads == torch.get_num_threads()
 
 

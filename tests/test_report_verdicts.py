@@ -1,5 +1,5 @@
 """The rules that turn measurements into verdicts, each on synthetic run directories (written through
-rundir.RunWriter) whose right answer is known by construction: R4 against the untied cosine, R4 (pairs)
+RunWriter) whose right answer is known by construction: R4 against the untied cosine, R4 (pairs)
 against its matched null, C2/C7 on in/out agreement, log-perplexity differences, Holm correction and
 SESOI verdicts, the per-pair convergence target, R5/C6 in two parts, equal parameters and equal
 compute, the generalisation gap and the test split, and --select."""
@@ -14,7 +14,8 @@ import yaml
 from helpers import TOKENS_PER_STEP, V, holm, interval, make_run, params, results, tiecli, tost
 from scipy import stats
 
-from tiecli import rundir
+from tiecli.run.reader import RunReader
+from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow
 
 LOG_1PCT = math.log(1.01)  # the default SESOI, 1% perplexity, as a Δloss
 
@@ -63,7 +64,7 @@ def synth(
         **({"data": {"name": "shakespeare", "split_seed": split_seed}} if split_seed is not None else {}),
     }
     rows = [
-        rundir.MetricsRow(
+        MetricsRow(
             step=step, tokens=step * TOKENS_PER_STEP, lr=0.003, val_loss=val, diag=dict(diag or {}) if step else {}
         )
         for step, val in curve
@@ -85,18 +86,16 @@ def synth(
     )
     for split, value in (("train", train), ("test", test)):
         if value is not None:
-            writer.eval(rundir.EvalResult(split, curve[-1][0], value, math.exp(value), value / 2, 5000, 10000, {}))
+            writer.eval(EvalResult(split, curve[-1][0], value, math.exp(value), value / 2, 5000, 10000, {}))
     if train_tokens is not None:
-        summary = rundir.RunReader(root / name).summary()
+        summary = RunReader(root / name).summary()
         writer.summary(dataclasses.replace(summary, corpus={"key": "test", "train_tokens": train_tokens}))
     writer.close()
 
 
 def geometry(step, mode, agreement):
     side = {"drift": 0.1 if mode == "tied" else 0.9, "singular_values": [2.0, 1.0]}
-    return rundir.GeometryEntry(
-        step=step, tied=mode == "tied", n_tokens=V, input=side, output=side, agreement=agreement
-    )
+    return GeometryEntry(step=step, tied=mode == "tied", n_tokens=V, input=side, output=side, agreement=agreement)
 
 
 def report(root, *args):
@@ -746,7 +745,7 @@ def test_select_compares_each_mode_at_its_own_best_value(tmp_path):
 def test_the_synthetic_runs_are_read_as_written(tmp_path):
     """The helper's own check: config, eval.json splits and metrics rows come back through RunReader."""
     synth(tmp_path / "runs", "tied", 0, 3.0, train=2.9, test=3.1, train_eval=2.95, setting={"train": {"lr": 0.01}})
-    reader = rundir.RunReader(tmp_path / "runs" / "nano-tied-s0")
+    reader = RunReader(tmp_path / "runs" / "nano-tied-s0")
     assert set(reader.evals()) == {"val", "train", "test"} and reader.metrics()[-1].train_eval_loss == 2.95
     assert yaml.safe_load((tmp_path / "runs" / "nano-tied-s0" / "config.yaml").read_text())["train"]["lr"] == 0.01
 

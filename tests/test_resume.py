@@ -6,7 +6,9 @@ import pytest
 from conftest import TINY
 from helpers import tiecli
 
-from tiecli import checkpoint, rundir
+from tiecli import checkpoint
+from tiecli.run.layout import CHECKPOINT, CONFIG, EVAL
+from tiecli.run.reader import RunReader
 
 SHORT = [o for o in TINY if not o.startswith("train.max_steps=")]
 
@@ -21,9 +23,9 @@ def test_resume_a_run_dir_without_retyping_the_overrides_and_extend_it(isolated)
 
     result = tiecli("train", "--resume", run, "train.max_steps=12", "train.eval_interval=3")
     assert result.exit_code == 0, result.output
-    reader = rundir.RunReader(run)
+    reader = RunReader(run)
     assert reader.summary().status == "completed" and reader.summary().step == 12
-    assert "max_steps: 12" in (run / rundir.CONFIG).read_text()  # the extension is part of the run now
+    assert "max_steps: 12" in (run / CONFIG).read_text()  # the extension is part of the run now
     assert [r.step for r in reader.metrics() if r.val_loss is not None] == [0, 6, 9, 12]
     assert reader.evals()["val"].step == 12
 
@@ -36,7 +38,7 @@ def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated, ti
         result = tiecli("train", "--resume", "runs/r", override, "train.max_steps=20")
         assert result.exit_code == 2 and key in result.output and "--resume" in result.output, result.output
         assert result.output.strip().count("\n") == 0
-    assert rundir.RunReader(isolated / "runs" / "r").summary().step == 12  # untouched
+    assert RunReader(isolated / "runs" / "r").summary().step == 12  # untouched
 
 
 @pytest.mark.slow
@@ -58,15 +60,15 @@ EVERY_3 = [o for o in SHORT if not o.startswith("train.checkpoint_interval=")] +
 @pytest.mark.slow
 def test_keep_checkpoints_keeps_the_last_n_for_sample_and_eval_at_a_step(isolated):
     assert tiecli("train", *EVERY_3, "train.max_steps=12", "train.keep_checkpoints=2", "--name", "k").exit_code == 0
-    run, reader = isolated / "runs" / "k", rundir.RunReader(isolated / "runs" / "k")
+    run, reader = isolated / "runs" / "k", RunReader(isolated / "runs" / "k")
     assert reader.kept_steps() == [9, 12]  # of the checkpoints at 3, 6, 9 and 12, the last two
-    assert (run / "checkpoints" / "step_12.pt").samefile(run / rundir.CHECKPOINT)  # a link: no second copy
+    assert (run / "checkpoints" / "step_12.pt").samefile(run / CHECKPOINT)  # a link: no second copy
     assert checkpoint.load(run / "checkpoints" / "step_9.pt", "k")["state"]["step"] == 9
 
-    recorded = (run / rundir.EVAL).read_bytes()
+    recorded = (run / EVAL).read_bytes()
     at_9 = tiecli("eval", run, "--step", "9")
     assert at_9.exit_code == 0 and "k: val at step 9" in at_9.output, at_9.output
-    assert (run / rundir.EVAL).read_bytes() == recorded  # eval.json keeps the latest step's, which report reads
+    assert (run / EVAL).read_bytes() == recorded  # eval.json keeps the latest step's, which report reads
     assert reader.evals()["val"].step == 12
     sampled = json.loads(tiecli("sample", run, "--step", "9", "--max-new-tokens", "4", "--json").output)
     assert sampled["step"] == 9

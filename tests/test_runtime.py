@@ -5,7 +5,9 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import config, optim, rundir, runtime, train
+from tiecli import config, optim, runtime, train
+from tiecli.run.layout import CHECKPOINT, CONFIG
+from tiecli.run.reader import RunReader
 
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 
@@ -44,7 +46,7 @@ def test_a_bad_compile_value_is_one_line():
 
 
 def weights(run_dir):
-    return torch.load(run_dir / rundir.CHECKPOINT, weights_only=True)["model"]
+    return torch.load(run_dir / CHECKPOINT, weights_only=True)["model"]
 
 
 @pytest.fixture
@@ -65,9 +67,9 @@ def test_compiled_training_resumes_exactly_and_agrees_with_eager(tmp_path, monke
     """compile=true: the whole step compiled; Ctrl-C during step 5 and --resume give the uninterrupted
     run's weights bit for bit, and those agree with the eager run's within fp32 rounding."""
     cfg_node, _ = config.compose([*TINY, "compile=true", "dtype=fp32", "diag.geometry=false", "eval.test=false"])
-    cfg, files = config.to_config(cfg_node), {rundir.CONFIG: config.to_yaml(cfg_node)}
+    cfg, files = config.to_config(cfg_node), {CONFIG: config.to_yaml(cfg_node)}
     train.train(cfg, tmp_path / "whole", False, files)
-    assert rundir.RunReader(tmp_path / "whole").summary().compile is True
+    assert RunReader(tmp_path / "whole").summary().compile is True
 
     lr_at = optim.lr_at
 
@@ -135,12 +137,12 @@ def test_a_busy_machine_trains_on_the_free_cores_and_says_so(isolated, fresh_thr
     result = CliRunner().invoke(app, ["train", *TINY, "--name", "r"])
     assert result.exit_code == 0, result.output
     assert "note: 1.0 of 2 cores are busy with other processes; running on 1 thread" in result.output
-    assert rundir.RunReader(isolated / "runs" / "r").summary().threads == 1 == torch.get_num_threads()
+    assert RunReader(isolated / "runs" / "r").summary().threads == 1 == torch.get_num_threads()
 
     fresh_threads["busy"] = 0.0  # the machine is free again, but a resume keeps the run's own count
     result = CliRunner().invoke(app, ["train", "--resume", "runs/r", "train.max_steps=15"])
     assert result.exit_code == 0, result.output
-    assert rundir.RunReader(isolated / "runs" / "r").summary().threads == 1
+    assert RunReader(isolated / "runs" / "r").summary().threads == 1
 
 
 def test_omp_num_threads_wins_and_is_warned_about_when_too_many(fresh_threads, monkeypatch):

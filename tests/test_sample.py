@@ -9,9 +9,12 @@ import torch
 from conftest import TINY
 from helpers import one_line_error, tiecli
 
-from tiecli import checkpoint, config, rundir, tokenizer
+from tiecli import checkpoint, config, tokenizer
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, TYING_MODES
+from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
+from tiecli.run.records import Summary
+from tiecli.run.writer import RunWriter
 from tiecli.sample import Options, draw, encode_prompt, pick, prepare, sample_run
 
 
@@ -19,15 +22,15 @@ def make_run(path: Path, *overrides: str, weights: bool = True):
     """A run directory whose checkpoint holds a freshly initialised model (seed 1) at step 0: no training needed."""
     cfg, choices = config.compose([*TINY, *overrides])
     c = config.to_config(cfg)
-    summary = rundir.Summary(
+    summary = Summary(
         path.name, "completed", 0, {}, 12, 128, 0, 0, "cpu", "fp32", False, {}, {}, "2026-01-01T00:00:00+00:00"
     )
-    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
+    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
     model = GPT(c.model, seed=1)
-    with rundir.RunWriter.create(path, files, summary, b"") as run:
+    with RunWriter.create(path, files, summary, b"") as run:
         if weights:
             ckpt = {"model": model.state_dict(), "optimizer": {}, "rng": {}, "state": {"step": 0}}
-            run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
+            run.save(CHECKPOINT, checkpoint.to_bytes(ckpt))
     return c, model.eval()
 
 

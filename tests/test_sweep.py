@@ -15,9 +15,11 @@ from conftest import TINY
 from helpers import one_line_error, tiecli
 from rich.console import Console
 
-from tiecli import config, rundir
+from tiecli import config
+from tiecli.run.layout import MANIFEST, SUMMARY
+from tiecli.run.reader import RunReader
+from tiecli.run.records import SweepJob, read_manifest
 from tiecli.sweep import dryrun, plan, scheduler, status
-from tiecli.sweep.manifest import MANIFEST
 
 TEXT = "".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs.\n" for i in range(2000))
 NODATA = [o for o in TINY if not o.startswith(("data=", "data."))]  # for tests that pick their own corpus
@@ -149,24 +151,24 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     assert good["state"] == "completed" and good["exit_code"] == 0 and good["attempts"] == 1 and good["error"] is None
     assert good["overrides"][-1] == "data.path=good.txt" and good["started"] <= good["ended"]
     assert missing["state"] == "failed" and missing["exit_code"] == 1 and "does not exist" in missing["error"]
-    assert json.loads((folder / good["run_dir"] / rundir.SUMMARY).read_text())["status"] == "completed"
+    assert json.loads((folder / good["run_dir"] / SUMMARY).read_text())["status"] == "completed"
     assert not (folder / missing["run_dir"]).exists() and "does not exist" in (folder / missing["log"]).read_text()
     assert f"failed: {missing['name']}: error: data.path 'missing.txt' does not exist" in result.output
     assert "1 completed, 1 failed" in result.output
 
     out = Console(record=True, width=400)
-    out.print(status.jobs_table(rundir.read_manifest(folder / MANIFEST).jobs, status.Watch(folder)))
+    out.print(status.jobs_table(read_manifest(folder / MANIFEST).jobs, status.Watch(folder)))
     good_row, missing_row = [line for line in out.export_text().splitlines() if "textfile_" in line]
     assert "completed" in good_row and "12/12" in good_row and "failed" in missing_row
 
-    summary = (folder / good["run_dir"] / rundir.SUMMARY).read_bytes()
+    summary = (folder / good["run_dir"] / SUMMARY).read_bytes()
     Path("missing.txt").write_text(TEXT)  # the user fixes the cause and runs the same command again
     result = tiecli(*args)
     assert result.exit_code == 0, result.output
     assert "1 of 2 jobs already completed; skipping them" in result.output
     manifest = json.loads((folder / MANIFEST).read_text())
     assert [(j["state"], j["attempts"]) for j in manifest["jobs"]] == [("completed", 1), ("completed", 2)]
-    assert (folder / good["run_dir"] / rundir.SUMMARY).read_bytes() == summary
+    assert (folder / good["run_dir"] / SUMMARY).read_bytes() == summary
 
     # the same name with fewer jobs is refused; with more, the new ones join the completed ones
     one_line_error(
@@ -212,7 +214,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:  # signal once the second job has taken a few steps
         jobs = json.loads(manifest_path.read_text())["jobs"] if manifest_path.exists() else []
-        rows = rundir.RunReader(manifest_path.parent / jobs[1]["run_dir"]).metrics() if jobs else []
+        rows = RunReader(manifest_path.parent / jobs[1]["run_dir"]).metrics() if jobs else []
         if rows and jobs[1]["state"] == "running" and rows[-1].step > 0:
             break
         time.sleep(0.1)
@@ -223,21 +225,21 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
     first, second, third = json.loads(manifest_path.read_text())["jobs"]
     assert (first["state"], second["state"], third["state"]) == ("completed", "interrupted", "pending")
     assert second["exit_code"] == 130 and third["attempts"] == 0
-    stopped = json.loads((manifest_path.parent / second["run_dir"] / rundir.SUMMARY).read_text())
+    stopped = json.loads((manifest_path.parent / second["run_dir"] / SUMMARY).read_text())
     assert stopped["status"] == "interrupted" and 0 < stopped["step"] < 200
-    summary = (manifest_path.parent / first["run_dir"] / rundir.SUMMARY).read_bytes()
+    summary = (manifest_path.parent / first["run_dir"] / SUMMARY).read_bytes()
 
     result = tiecli(*args)
     assert result.exit_code == 0, result.output
     jobs = json.loads(manifest_path.read_text())["jobs"]
     assert [(j["state"], j["attempts"]) for j in jobs] == [("completed", 1), ("completed", 2), ("completed", 1)]
-    assert (manifest_path.parent / first["run_dir"] / rundir.SUMMARY).read_bytes() == summary
+    assert (manifest_path.parent / first["run_dir"] / SUMMARY).read_bytes() == summary
     log = (manifest_path.parent / second["log"]).read_text()
     assert "# attempt 2" in log and "--resume" in log and f"from step {stopped['step']}" in log
 
 
 def test_without_a_terminal_each_running_job_gets_a_progress_line_at_a_steady_rhythm():
-    jobs = [rundir.SweepJob(name=f"job{i}", overrides=[], run_dir=f"job{i}", log=f"logs/job{i}.log") for i in range(3)]
+    jobs = [SweepJob(name=f"job{i}", overrides=[], run_dir=f"job{i}", log=f"logs/job{i}.log") for i in range(3)]
     for job in jobs[1:]:
         job.state, job.attempts = "running", 1
     shown = {job.name: {"step": 0, "max_steps": 500, "loss": None, "val_loss": None, "eta": None} for job in jobs}
@@ -293,7 +295,7 @@ def test_the_eta_counts_down_between_logged_steps(monkeypatch):
     assert status.eta([(10, 100.0), (20, 110.0)], 100, 500.0) == 0
     assert status.eta([(10, 100.0)], 100, 110.0) is None and status.eta([(10, 100.0), (10, 105.0)], 100, 110.0) is None
 
-    job = rundir.SweepJob(name="job", overrides=[], run_dir="job", log="logs/job.log", state="running", attempts=1)
+    job = SweepJob(name="job", overrides=[], run_dir="job", log="logs/job.log", state="running", attempts=1)
     files = {"step": 0, "max_steps": 100, "loss": None, "val_loss": None, "start": (0, 0.0), "eta": None}
     monkeypatch.setattr(status, "progress", lambda run_dir: dict(files))
     clock = [0.0]

@@ -9,14 +9,21 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
-from helpers import tiecli
+from typer.testing import CliRunner
 
-from tiecli import config, rundir, trackers
+from tiecli import config, trackers
+from tiecli.cli import app
+from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES, TRACKERS
+from tiecli.run.reader import RunReader
+from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
+from tiecli.run.writer import RunWriter
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("wandb", reason="the wandb extra is not installed")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from wandb.proto import wandb_internal_pb2  # noqa: E402
+
+runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +39,10 @@ def offline_wandb(monkeypatch, tmp_path):
     }.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def tiecli(*args):
+    return runner.invoke(app, [str(a) for a in args])
 
 
 def scalars(logdir: Path) -> dict[str, dict[int, float]]:
@@ -76,7 +87,6 @@ def wandb_history(run_dir: Path) -> tuple[list, dict[int, dict]]:
     return runs, rows
 
 
-@pytest.mark.slow
 def test_trackers_mirror_the_run_directory(tmp_path):
     result = tiecli(
         "train", *TINY, "eval.test=false", "--name", "tracked",
@@ -84,7 +94,7 @@ def test_trackers_mirror_the_run_directory(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     run = tmp_path / "runs" / "tracked"
-    reader = rundir.RunReader(run)
+    reader = RunReader(run)
     rows = [r.to_dict() for r in reader.metrics()]
     tb = scalars(run / trackers.TB_DIR)
 
@@ -112,11 +122,11 @@ def test_trackers_mirror_the_run_directory(tmp_path):
     assert labels[0] == "id\ttoken" and len(labels) - 1 == len(vectors) == 256
     first = int(labels[1].split("\t")[0])
     assert labels[1] == f"{first}\t{chr(first)!r}"  # the most frequent byte: a letter or a space, quoted
-    wte = torch.load(run / rundir.CHECKPOINT, weights_only=True)["model"]["emb.wte"]
+    wte = torch.load(run / CHECKPOINT, weights_only=True)["model"]["emb.wte"]
     np.testing.assert_allclose(vectors[0], wte[first].numpy(), rtol=1e-5, atol=1e-6)
 
     # W&B: an offline run in the run directory, its id kept in trackers.json, the same rows as metrics.jsonl.
-    record = json.loads((run / rundir.TRACKERS).read_text())["wandb"]
+    record = json.loads((run / TRACKERS).read_text())["wandb"]
     assert record["mode"] == "offline" and record["group"] is None
     runs, history = wandb_history(run)
     assert [r.run_id for r in runs] == [record["id"]] and runs[0].display_name == "tracked"
@@ -129,33 +139,32 @@ def test_trackers_mirror_the_run_directory(tmp_path):
     )
 
 
-def make_run(path: Path, *overrides: str) -> rundir.RunWriter:
+def make_run(path: Path, *overrides: str) -> RunWriter:
     """A run directory with a config and a summary, no training: what RunWriter sends its trackers is under test."""
     cfg, choices = config.compose([*TINY, *overrides])
-    summary = rundir.Summary(
+    summary = Summary(
         path.name, "running", 0, {}, 12, 128, 0, 0, "cpu", "fp32", False, {}, {}, "2026-01-01T00:00:00+00:00"
     )
-    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
-    return rundir.RunWriter.create(path, files, summary, b"")
+    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
+    return trackers.create_run(path, files, summary, b"")
 
 
-@pytest.mark.slow
 def test_a_resume_continues_the_wandb_run_and_tensorboard_hides_the_redone_steps(tmp_path):
     run_dir = tmp_path / "runs" / "resumed"
     with make_run(run_dir, "logger=[tensorboard,wandb]") as run:
         for step in range(0, 11, 2):
-            run.log(rundir.MetricsRow(step, step * 128, 0.1, loss=10.0 - step))
-    first_id = json.loads((run_dir / rundir.TRACKERS).read_text())["wandb"]["id"]
-    with rundir.RunWriter.open(run_dir) as run:  # as `tiecli train --resume` does, from a checkpoint at step 6
+            run.log(MetricsRow(step, step * 128, 0.1, loss=10.0 - step))
+    first_id = json.loads((run_dir / TRACKERS).read_text())["wandb"]["id"]
+    with trackers.open_run(run_dir) as run:  # as `tiecli train --resume` does, from a checkpoint at step 6
         run.truncate_after(6)
         for step in range(8, 15, 2):
-            run.log(rundir.MetricsRow(step, step * 128, 0.1, loss=100.0 + step))
-    losses = {r.step: r.loss for r in rundir.RunReader(run_dir).metrics()}
+            run.log(MetricsRow(step, step * 128, 0.1, loss=100.0 + step))
+    losses = {r.step: r.loss for r in RunReader(run_dir).metrics()}
     assert losses == {0: 10.0, 2: 8.0, 4: 6.0, 6: 4.0, 8: 108.0, 10: 110.0, 12: 112.0, 14: 114.0}
     assert scalars(run_dir / trackers.TB_DIR)["loss"] == losses
     runs, history = wandb_history(run_dir)
     assert [r.run_id for r in runs] == [first_id, first_id]  # two offline pieces of one W&B run
-    assert json.loads((run_dir / rundir.TRACKERS).read_text())["wandb"]["id"] == first_id
+    assert json.loads((run_dir / TRACKERS).read_text())["wandb"]["id"] == first_id
     assert {step: row["loss"] for step, row in history.items() if step > 6} == {
         8: 108.0,
         10: 110.0,
@@ -164,14 +173,13 @@ def test_a_resume_continues_the_wandb_run_and_tensorboard_hides_the_redone_steps
     }
 
 
-@pytest.mark.slow
 def test_a_sweep_groups_its_runs(tmp_path):
     sweep_dir = tmp_path / "runs" / "sweeps" / "modes"
     sweep_dir.mkdir(parents=True)
     (sweep_dir / "sweep.json").write_text("{}")  # trackers only look for the manifest
     for name in ("job-tied", "job-untied"):
         with make_run(sweep_dir / name, "logger=[tensorboard,wandb]") as run:
-            run.log(rundir.MetricsRow(0, 0, 0.0, loss=1.0))
+            run.log(MetricsRow(0, 0, 0.0, loss=1.0))
     runs = [wandb_history(sweep_dir / name)[0][0] for name in ("job-tied", "job-untied")]
     assert [(r.run_group, r.display_name) for r in runs] == [("modes", "job-tied"), ("modes", "job-untied")]
     # One TensorBoard logdir for the sweep: its folder holds each job's event files.
@@ -182,16 +190,16 @@ def test_a_later_command_only_appends(tmp_path):
     """eval after training reaches the trackers; a re-measured earlier step stays out of them."""
     run_dir = tmp_path / "runs" / "later"
     with make_run(run_dir, "logger=[tensorboard]") as run:
-        run.log(rundir.MetricsRow(0, 0, 0.0, loss=2.0))
-        run.log(rundir.MetricsRow(12, 0, 0.0, loss=1.0))
-        run.summary(rundir.Summary(**{**asdict(run.reader.summary()), "status": "completed", "step": 12}))
+        run.log(MetricsRow(0, 0, 0.0, loss=2.0))
+        run.log(MetricsRow(12, 0, 0.0, loss=1.0))
+        run.summary(Summary(**{**asdict(run.reader.summary()), "status": "completed", "step": 12}))
     by_bucket: dict = {}
-    with rundir.RunWriter.open(run_dir) as run:
-        run.eval(rundir.EvalResult("test", 12, 1.5, 4.48, 2.0, 100, 300, by_bucket))
-        run.geometry(rundir.GeometryEntry(0, True, 10, {"anisotropy": 0.5}, {"anisotropy": 0.5}))
+    with trackers.open_run(run_dir) as run:
+        run.eval(EvalResult("test", 12, 1.5, 4.48, 2.0, 100, 300, by_bucket))
+        run.geometry(GeometryEntry(0, True, 10, {"anisotropy": 0.5}, {"anisotropy": 0.5}))
     tb = scalars(run_dir / trackers.TB_DIR)
     assert tb["eval/test/loss"] == {12: 1.5} and "geometry/input/anisotropy" not in tb
-    assert [e.step for e in rundir.RunReader(run_dir).geometry()] == [0]  # the run directory has it all the same
+    assert [e.step for e in RunReader(run_dir).geometry()] == [0]  # the run directory has it all the same
 
 
 def test_bad_logger_settings_are_one_line(tmp_path, monkeypatch):

@@ -5,8 +5,10 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import config, optim, prepare, rundir, train
+from tiecli import config, optim, prepare, train
 from tiecli.errors import TiecliError
+from tiecli.run.layout import CHECKPOINT, CONFIG, INIT_CHECKPOINT, METRICS, OVERRIDES
+from tiecli.run.reader import RunReader
 
 # The originals, to put back mid-test (monkeypatch.undo() would also undo conftest's cache and folder).
 GET_BATCH, EVALUATE = prepare.get_batch, train.evaluate
@@ -16,16 +18,16 @@ def setup(*overrides):
     """TINY with the overrides (which replace TINY's values of the same keys): the Config and the run's files."""
     keys = {o.split("=", 1)[0] for o in overrides}
     cfg, choices = config.compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
-    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: "overrides: []\n"}
+    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: "overrides: []\n"}
     return config.to_config(cfg), files
 
 
 def metrics(run_dir):
-    return [r.to_dict() for r in rundir.RunReader(run_dir).metrics()]
+    return [r.to_dict() for r in RunReader(run_dir).metrics()]
 
 
 def geometry(run_dir):
-    return [e.to_dict() for e in rundir.RunReader(run_dir).geometry()]
+    return [e.to_dict() for e in RunReader(run_dir).geometry()]
 
 
 @pytest.mark.slow
@@ -33,7 +35,7 @@ def test_a_run_writes_a_self_describing_directory(tmp_path):
     cfg, files = setup()
     summary = train.train(cfg, tmp_path / "run", False, files)
     run = tmp_path / "run"
-    assert summary == rundir.RunReader(run).summary()
+    assert summary == RunReader(run).summary()
     assert summary.status == "completed" and summary.step == 12 and summary.tokens == 12 * 4 * 32
     assert summary.params["total"] > 0 and summary.versions["torch"] == torch.__version__
     rows = metrics(run)
@@ -46,10 +48,10 @@ def test_a_run_writes_a_self_describing_directory(tmp_path):
         == [0, 6, 12]
     )
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] and rows[-1]["train_eval_loss"] < rows[0]["train_eval_loss"]
-    evals = rundir.RunReader(run).evals()
+    evals = RunReader(run).evals()
     assert set(evals) == {"val", "train", "test"} and {e.step for e in evals.values()} == {12}
     assert summary.final_val["loss"] == evals["val"].loss
-    assert (run / rundir.CHECKPOINT).is_file() and (run / rundir.INIT_CHECKPOINT).is_file()
+    assert (run / CHECKPOINT).is_file() and (run / INIT_CHECKPOINT).is_file()
 
 
 def interrupt_at_batch(monkeypatch, n):
@@ -75,11 +77,11 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
     interrupt_at_batch(monkeypatch, 6 * cfg.train.grad_accum)
     with pytest.raises(train.Interrupted, match="interrupted at step 5/12"):
         train.train(cfg, tmp_path / "split", False, files)
-    stopped = rundir.RunReader(tmp_path / "split").summary()
+    stopped = RunReader(tmp_path / "split").summary()
     assert stopped.status == "interrupted" and stopped.step == 5
     monkeypatch.setattr("tiecli.prepare.get_batch", GET_BATCH)
     # As if the process had been killed later: lines past the checkpoint, the last one torn.
-    with open(tmp_path / "split" / rundir.METRICS, "a") as f:
+    with open(tmp_path / "split" / METRICS, "a") as f:
         f.write('{"step": 6, "tokens": 768, "lr": 0.1, "loss": 0.0}\n{"step": 7, "lo')
 
     resumed = train.train(cfg, tmp_path / "split", True, files)
@@ -87,8 +89,8 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
     strip = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]  # noqa: E731
     assert strip(metrics(tmp_path / "split")) == strip(metrics(tmp_path / "whole"))
     assert geometry(tmp_path / "split") == geometry(tmp_path / "whole")
-    a = torch.load(tmp_path / "whole" / rundir.CHECKPOINT, weights_only=True)["model"]
-    b = torch.load(tmp_path / "split" / rundir.CHECKPOINT, weights_only=True)["model"]
+    a = torch.load(tmp_path / "whole" / CHECKPOINT, weights_only=True)["model"]
+    b = torch.load(tmp_path / "split" / CHECKPOINT, weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -106,7 +108,7 @@ def test_stop_before_the_first_step_checkpoints_and_resumes_cleanly(tmp_path, mo
     monkeypatch.setattr(train, "evaluate", evaluate_then_ctrl_c)
     with pytest.raises(train.Interrupted, match="interrupted at step 0/12"):
         train.train(cfg, tmp_path / "run", False, files)
-    assert (tmp_path / "run" / rundir.CHECKPOINT).is_file()
+    assert (tmp_path / "run" / CHECKPOINT).is_file()
     monkeypatch.setattr(train, "evaluate", EVALUATE)
     train.train(cfg, tmp_path / "run", True, files)
     assert [r["step"] for r in metrics(tmp_path / "run")] == [0, 3, 6, 9, 10, 12]
@@ -139,7 +141,7 @@ def test_a_failing_run_is_marked_failed(tmp_path, monkeypatch):
     monkeypatch.setattr("tiecli.prepare.get_batch", broken)
     with pytest.raises(RuntimeError):
         train.train(cfg, tmp_path / "run", False, files)
-    summary = rundir.RunReader(tmp_path / "run").summary()
+    summary = RunReader(tmp_path / "run").summary()
     assert summary.status == "failed" and summary.error == "RuntimeError: disk on fire"
     assert summary.step == 3
 
@@ -149,7 +151,7 @@ def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
     cfg, files = setup()
     run = tmp_path / "run"
     train.train(cfg, run, False, files)
-    (run / rundir.CHECKPOINT).write_bytes(b"not a checkpoint")
+    (run / CHECKPOINT).write_bytes(b"not a checkpoint")
     with pytest.raises(TiecliError) as e:
         train.train(cfg, run, True, files)
     assert "is corrupt or unreadable" in str(e.value) and "\n" not in str(e.value)
@@ -219,7 +221,7 @@ def test_default_learning_rates_keep_two_groups_and_the_loop_scales_the_schedule
 
     cfg, files = setup("tying=untied", "train.lr_embedding=0.03", "train.lr_output=0.001")
     train.train(cfg, tmp_path / "run", False, files)
-    saved = torch.load(tmp_path / "run" / rundir.CHECKPOINT, weights_only=True)["optimizer"]["param_groups"]
+    saved = torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)["optimizer"]["param_groups"]
     last = optim.lr_at(cfg.max_steps - 1, cfg)  # the rate of the last step
     assert sorted(g["lr"] / last for g in saved) == pytest.approx(sorted(g["lr_scale"] for g in saved))
     assert sorted({g["lr_scale"] for g in saved}) == pytest.approx([1 / 3, 1.0, 10.0])
@@ -234,18 +236,18 @@ def test_evaluations_spread_over_the_run_and_snapshots_thinned(tmp_path):
     assert [r["step"] for r in rows if "val_loss" in r] == [0, 2, 4, 6, 8, 10, 12]
     assert all("train_eval_loss" in r for r in rows if "val_loss" in r)
     assert [e["step"] for e in geometry(run)] == [0, 2, 4, 6, 8, 10, 12]
-    assert rundir.RunReader(run).snapshot_steps() == [0, 6, 12]  # 3 of 7, evenly: the first, the middle, the last
-    assert (run / rundir.INIT_CHECKPOINT).is_file() and set(rundir.RunReader(run).evals()) == {"val", "train"}
+    assert RunReader(run).snapshot_steps() == [0, 6, 12]  # 3 of 7, evenly: the first, the middle, the last
+    assert (run / INIT_CHECKPOINT).is_file() and set(RunReader(run).evals()) == {"val", "train"}
 
 
 @pytest.mark.slow
 def test_a_resume_that_changes_the_schedule_thins_the_old_snapshots(tmp_path):
     cfg, files = setup("train.evals=3", "diag.max_snapshots=3")
     train.train(cfg, tmp_path / "run", False, files)
-    assert rundir.RunReader(tmp_path / "run").snapshot_steps() == [0, 8, 12]  # of 0, 4, 8, 12
+    assert RunReader(tmp_path / "run").snapshot_steps() == [0, 8, 12]  # of 0, 4, 8, 12
     longer, _ = setup("train.evals=3", "diag.max_snapshots=3", "train.max_steps=24")
     train.train(longer, tmp_path / "run", True, files)
-    assert rundir.RunReader(tmp_path / "run").snapshot_steps() == [0, 16, 24]  # of 0, 8, 16, 24; 12 is off the plan
+    assert RunReader(tmp_path / "run").snapshot_steps() == [0, 16, 24]  # of 0, 8, 16, 24; 12 is off the plan
 
 
 @pytest.mark.slow
@@ -263,7 +265,7 @@ def test_the_final_training_split_evaluation_is_a_fixed_subset(tmp_path):
     )  # the bundled corpus: a subset
     assert whole_split_limit(corpus, "val", T) is None and whole_split_limit(corpus, "test", T) is None
     train.train(cfg, tmp_path / "run", False, files)
-    evals = rundir.RunReader(tmp_path / "run").evals()
+    evals = RunReader(tmp_path / "run").evals()
     assert evals["train"].n_tokens == limit * T
     assert (
         evals["val"].n_tokens == len(corpus.tokens["val"]) - 1

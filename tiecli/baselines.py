@@ -21,7 +21,7 @@ import numpy as np
 
 from tiecli.corpus import cache_dir
 from tiecli.data import Corpus
-from tiecli.rundir import atomic_write
+from tiecli.run.files import atomic_write
 
 K_GRID = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
 # Counting more tokens than this gains nothing for a baseline and costs memory on corpora of gigabytes:

@@ -9,6 +9,7 @@ import torch
 
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, Embeddings, GPTConfig
+from tiecli.run.layout import CHECKPOINT
 
 # What a training checkpoint (last.pt) holds besides nothing else; init.pt and snapshots hold "emb".
 TRAIN_KEYS = ("model", "optimizer", "rng", "state")
@@ -31,6 +32,11 @@ def restore_device_rng(rng: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(rng["cuda"], device)
 
 
+def load_last(run_dir: Path) -> dict:
+    """A run's last checkpoint (checkpoints/last.pt), checked as `load` checks one."""
+    return load(run_dir / CHECKPOINT, run_dir.name)
+
+
 def load(path: Path, run: str, keys: tuple[str, ...] = TRAIN_KEYS) -> dict:
     """A checkpoint of run `run` holding `keys`; TiecliError in one line otherwise."""
     if not path.is_file():
@@ -51,7 +57,7 @@ def load(path: Path, run: str, keys: tuple[str, ...] = TRAIN_KEYS) -> dict:
 
 
 def check_step(ckpt: dict, step: str, kept: list[int], run: str) -> None:
-    """--step STEP against the checkpoint loaded for it (rundir.RunReader.full_checkpoint): `latest`, or a
+    """--step STEP against the checkpoint loaded for it (RunReader.full_checkpoint): `latest`, or a
     step that run `run` has full weights at, last.pt's or a kept one's; TiecliError listing them otherwise."""
     saved = ckpt["state"]["step"]
     if step == "latest" or (step.isascii() and step.isdigit() and int(step) == saved):

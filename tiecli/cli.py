@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from tiecli import arguments as opt
-from tiecli import display, rundir
+from tiecli import display
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.run.reader import RunReader
 
 app = typer.Typer(
     help="Train GPT-style models with the input embedding and output matrix tied or not, and compare them.\n\n"
@@ -108,7 +109,7 @@ def train(
 def show_trained(path: Path, summary, run_config) -> None:
     """After training: the summary, the last geometry, where the run is and, with train.sample_tokens, a sample."""
     console.print(display.summary_table(summary))
-    entries = rundir.RunReader(path).geometry()
+    entries = RunReader(path).geometry()
     if entries:
         console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
     console.print(f"run directory: {path}", highlight=False, soft_wrap=True)

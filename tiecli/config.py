@@ -33,9 +33,13 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from tiecli import rundir, tokenizer
+from tiecli import tokenizer
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPTConfig
+from tiecli.run.files import read_yaml
+from tiecli.run.layout import CONFIG
+from tiecli.run.reader import RunReader
+from tiecli.run.records import flatten
 
 GROUPS = ("model", "tying", "data", "tokenizer", "logger")
 LIST_GROUPS = ("logger",)  # groups of which one picks several files at once (logger=[tensorboard,wandb]), or none
@@ -432,9 +436,9 @@ def _unknown_key(key: str, valid: list[str]) -> str:
 def from_dict(stored: dict, run: Path) -> Config:
     """A run directory's config.yaml (parsed) as a checked Config; TiecliError naming the file when it is not one."""
     try:
-        return to_config(upgraded(stored, rundir.RunReader(run).overrides().get("choices", {})))
+        return to_config(upgraded(stored, RunReader(run).overrides().get("choices", {})))
     except ConfigError as e:
-        raise TiecliError(f"{str(Path(run) / rundir.CONFIG)!r} is not a valid tiecli config: {e}") from None
+        raise TiecliError(f"{str(Path(run) / CONFIG)!r} is not a valid tiecli config: {e}") from None
 
 
 def upgraded(stored: dict, choices: dict[str, str]) -> DictConfig:
@@ -527,7 +531,7 @@ def _type_words(hint) -> str:
 
 def _check_finite(composed: Composed) -> None:
     """Refuse inf and nan first: inf passes checks such as weight_decay >= 0, and nan fails them misleadingly."""
-    for key, value in rundir.flatten(dataclasses.asdict(composed)).items():
+    for key, value in flatten(dataclasses.asdict(composed)).items():
         numbers = value if isinstance(value, list) else [value]
         if any(isinstance(x, float) and not math.isfinite(x) for x in numbers):
             raise ConfigError(f"{key}={value} must be finite (not inf or nan)")
@@ -701,7 +705,7 @@ def compose_launcher(name: str, overrides: list[str], config_dir: Path | None = 
     if name not in options:
         raise ConfigError(f"unknown --launcher {name!r}; valid launchers: {', '.join(options)}")
     path = next(d / "launcher" / f"{name}.yaml" for d in dirs if (d / "launcher" / f"{name}.yaml").is_file())
-    file = OmegaConf.create({"launcher": rundir.read_yaml(path, repr(str(path)))})
+    file = OmegaConf.create({"launcher": read_yaml(path, repr(str(path)))})
     parsed = parse_overrides(overrides)
     check_unique(parsed, "on the command line")
     for o in parsed:

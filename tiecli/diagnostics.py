@@ -62,13 +62,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tiecli import checkpoint, distributed, geometry, rundir
+from tiecli import checkpoint, distributed, geometry, trackers
 from tiecli.config import Config
 from tiecli.data import BUCKETS, load_corpus
 from tiecli.errors import TiecliError
 from tiecli.model import Embeddings
 from tiecli.pairs import form_pairs
-from tiecli.rundir import GeometryEntry
+from tiecli.run.layout import INIT_CHECKPOINT, SNAPSHOTS
+from tiecli.run.reader import RunReader
+from tiecli.run.records import GeometryEntry, parse_record
 
 
 def gradient_paths(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,10 +292,10 @@ def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | 
 
     With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost.
     """
-    reader, name = rundir.RunReader(run_dir), run_dir.name
-    init = checkpoint.load_embeddings(run_dir / rundir.INIT_CHECKPOINT, config.model, name)
+    reader, name = RunReader(run_dir), run_dir.name
+    init = checkpoint.load_embeddings(run_dir / INIT_CHECKPOINT, config.model, name)
     if step == "latest":
-        ckpt = reader.checkpoint()
+        ckpt = checkpoint.load_last(run_dir)
         emb, number = checkpoint.embeddings_of(ckpt, config.model, name), ckpt["state"]["step"]
     elif step == "init":
         emb, number = init, 0
@@ -305,14 +307,14 @@ def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | 
                 f"--step {step!r} has no saved token matrices in {str(run_dir)!r}; choose one of {choices}"
             )
         number = int(step)
-        emb = checkpoint.load_embeddings(run_dir / rundir.SNAPSHOTS / f"step_{number}.pt", config.model, name)
+        emb = checkpoint.load_embeddings(run_dir / SNAPSHOTS / f"step_{number}.pt", config.model, name)
     corpus = load_corpus(config.data, config.tokenizer)
     reader.check_corpus(corpus.key)
     pairs, pairs_info = form_pairs(corpus.encoding, pairs_path or config.diag.pairs)
     buckets = corpus.buckets(config.eval.buckets)
     measured = embedding_geometry(emb, init, corpus.counts, buckets, pairs, pairs_info, config.diag.seed)
-    entry = rundir.parse_record(GeometryEntry, {"step": number, **measured}, "a geometry entry")
+    entry = parse_record(GeometryEntry, {"step": number, **measured}, "a geometry entry")
     if write:
-        with rundir.RunWriter.open(run_dir) as run:
+        with trackers.open_run(run_dir) as run:
             run.geometry(entry)
     return entry

@@ -48,7 +48,7 @@ def eval_table(metrics: dict, title: str) -> Table:
 
 
 def summary_table(summary) -> Table:
-    """A run's rundir.Summary."""
+    """A run's Summary."""
     table = Table(title=f"run {summary.name}: {summary.status}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")

@@ -10,12 +10,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from tiecli import checkpoint, rundir
+from tiecli import checkpoint, trackers
 from tiecli.batches import eval_windows
 from tiecli.config import Config
 from tiecli.data import BUCKETS, Corpus, load_corpus
 from tiecli.model import GPT
-from tiecli.rundir import EvalResult, RunWriter
+from tiecli.run.reader import RunReader
+from tiecli.run.records import EvalResult
 from tiecli.runtime import autocast_for, pick_device, pick_dtype
 
 TRAIN_EVAL_FACTOR = (
@@ -183,14 +184,14 @@ def evaluate_run(run_dir: Path, config: Config, split: str, step: str = "latest"
     train.keep_checkpoints kept), only returned: eval.json keeps the latest checkpoint's, which `report` reads.
     """
     if step != "latest":
-        return _evaluate(rundir.RunReader(run_dir), config, split, step)
-    with RunWriter.open(run_dir) as run:
+        return _evaluate(RunReader(run_dir), config, split, step)
+    with trackers.open_run(run_dir) as run:
         result = _evaluate(run.reader, config, split, step)
         run.eval(result)
     return result
 
 
-def _evaluate(reader: rundir.RunReader, config: Config, split: str, step: str) -> EvalResult:
+def _evaluate(reader: RunReader, config: Config, split: str, step: str) -> EvalResult:
     device = pick_device(config.device)
     corpus = load_corpus(config.data, config.tokenizer)
     reader.check_corpus(corpus.key)

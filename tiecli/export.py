@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 
-from tiecli import checkpoint, rundir, tokenizer
+from tiecli import checkpoint, tokenizer
 from tiecli.config import Config
 from tiecli.errors import TiecliError
 from tiecli.model import GPT
+from tiecli.run.layout import CHECKPOINT
+from tiecli.run.reader import RunReader
 
 TARGETS = ("hf", "safetensors")
 # tiecli's nn.Linear layers that transformers' GPT-2 keeps as Conv1D (weight (in, out), the transpose)
@@ -174,7 +176,7 @@ def run_encoding(run_dir: Path, config: Config):
     from tiecli.data import load_corpus
 
     corpus = load_corpus(config.data, config.tokenizer)
-    rundir.RunReader(run_dir).check_corpus(corpus.key)
+    RunReader(run_dir).check_corpus(corpus.key)
     return corpus.encoding
 
 
@@ -232,7 +234,7 @@ def export_run(run_dir: Path, config: Config, to: str, out: Path, force: bool = 
     check_out(out, force)
     if to == "hf":
         check_gpt2(config.model.tying)
-    model, ckpt = checkpoint.load_model(run_dir / rundir.CHECKPOINT, config.model, run_dir.name)
+    model, ckpt = checkpoint.load_model(run_dir / CHECKPOINT, config.model, run_dir.name)
     model.eval()
     if to == "hf":
         enc = run_encoding(run_dir, config)
@@ -242,7 +244,7 @@ def export_run(run_dir: Path, config: Config, to: str, out: Path, force: bool = 
         if to == "hf":
             result = write_hf(model, enc, tmp)
         else:
-            result = write_safetensors(model, rundir.RunReader(run_dir).config(), ckpt["state"]["step"], tmp)
+            result = write_safetensors(model, RunReader(run_dir).config(), ckpt["state"]["step"], tmp)
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700, safetensors 0600: give them the usual permissions

@@ -11,11 +11,14 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tiecli import config, distributed, rundir
+from tiecli import config, distributed
 from tiecli import resume as resuming
 from tiecli.config import Config
 from tiecli.errors import ConfigError, TiecliError
-from tiecli.rundir import Summary
+from tiecli.run.layout import CONFIG, OVERRIDES, SUMMARY, is_run_dir, run_path
+from tiecli.run.reader import RunReader
+from tiecli.run.records import Summary
+from tiecli.run.writer import discard_unstarted
 from tiecli.train import train as train_run
 
 
@@ -64,7 +67,7 @@ def run_place(overrides: list[str], resume: bool, runs_dir: Path, name: str | No
         )
     if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
         run_arg = Path(overrides.pop(0))
-        if not rundir.is_run_dir(run_arg) and rundir.is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
+        if not is_run_dir(run_arg) and is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
             run_arg = runs_dir / run_arg
         runs_dir, name = run_arg.parent, run_arg.name
     if name is not None and not name.strip():
@@ -77,7 +80,7 @@ def run_training(run_config, path: Path, resume: bool, files, config_dir: Path |
     try:
         return train_run(run_config, path, resume, files)
     except TiecliError as e:
-        if e.exit_code == 130 and rundir.is_run_dir(path) and distributed.is_rank0():
+        if e.exit_code == 130 and is_run_dir(path) and distributed.is_rank0():
             raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
         raise
 
@@ -93,38 +96,38 @@ def resume_command(path: Path, config_dir: Path | None) -> str:
 def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
     """The path, config and files of a new run; refuses a name taken by a run worth keeping."""
     cfg, choices = config.compose(overrides, config_dir)
-    path = rundir.run_path(runs_dir, name if name is not None else config.run_name(choices, cfg, overrides))
+    path = run_path(runs_dir, name if name is not None else config.run_name(choices, cfg, overrides))
     if name is not None:  # after run_path's checks (length, leaving runs_dir); --resume takes older names as they are
         config.check_name(name)
-    if rundir.is_run_dir(path) and not rundir.discard_unstarted(path):
+    if is_run_dir(path) and not discard_unstarted(path):
         raise TiecliError(
             f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one"
         )
     files = {
-        rundir.CONFIG: config.to_yaml(cfg),
-        rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
+        CONFIG: config.to_yaml(cfg),
+        OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
     }
     return path, cfg, files
 
 
 def load_run_config(run: Path):
     """A run directory's config.yaml as a checked Config."""
-    if not rundir.is_run_dir(run):
-        raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
-    return config.from_dict(rundir.RunReader(run).config(), run)
+    if not is_run_dir(run):
+        raise TiecliError(f"{str(run)!r} is not a run directory (it has no {SUMMARY} or {CONFIG})")
+    return config.from_dict(RunReader(run).config(), run)
 
 
 def find_run(run: Path, runs_dir: Path) -> Path:
     """RUN as given, else a bare name under --runs-dir (as `train --name NAME --resume` finds it); one line
     naming the nearest run there when neither is a run."""
-    if rundir.is_run_dir(run) or run.is_absolute():
+    if is_run_dir(run) or run.is_absolute():
         return run
-    if rundir.is_run_dir(runs_dir / run):
+    if is_run_dir(runs_dir / run):
         return runs_dir / run
-    names = [str(p.parent.relative_to(runs_dir)) for p in runs_dir.rglob(rundir.SUMMARY)] if runs_dir.is_dir() else []
+    names = [str(p.parent.relative_to(runs_dir)) for p in runs_dir.rglob(SUMMARY)] if runs_dir.is_dir() else []
     by_last = {Path(n).name: n for n in names}  # a nested run's last part: `first` for ablation/first
     near = difflib.get_close_matches(str(run), names, n=1) or [
         by_last[m] for m in difflib.get_close_matches(run.name, list(by_last), n=1)
     ]
     hint = f"; did you mean {runs_dir / near[0]}?" if near else ""
-    raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG}){hint}")
+    raise TiecliError(f"{str(run)!r} is not a run directory (it has no {SUMMARY} or {CONFIG}){hint}")

@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tiecli import geometry, rundir, tokenizer
+from tiecli import geometry, tokenizer
 from tiecli.errors import TiecliError
 from tiecli.pairs import pairs_file, read_pairs_file
 from tiecli.report.reference import PRETRAINED_FILE, label
+from tiecli.run.files import read_json, write_json
 
 GGUF_MAGIC = b"GGUF"
 GGUF_INPUT, GGUF_OUTPUT = "token_embd.weight", "output.weight"
@@ -201,7 +202,7 @@ def _safetensors_index(folder: Path) -> dict[str, Path]:
         raise TiecliError("reading safetensors needs the safetensors package: pip install 'tiecli[hf]'") from None
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = rundir.read_json(index, repr(str(folder)))
+        weight_map = read_json(index, repr(str(folder)))
         if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
             raise TiecliError(f"{str(index)!r} has no weight_map")
         return {name: folder / file for name, file in weight_map["weight_map"].items()}
@@ -245,14 +246,14 @@ def _find(names: dict[str, Path], suffixes: tuple[str, ...]) -> str | None:
 def _vocab_pieces(folder: Path) -> tuple[list[tuple[str, int]], list[int]]:
     """(token string, id) pairs and the special tokens' ids, from tokenizer.json (BPE or Unigram) or vocab.json."""
     if (folder / "tokenizer.json").is_file():
-        tok = rundir.read_json(folder / "tokenizer.json", repr(str(folder)))
+        tok = read_json(folder / "tokenizer.json", repr(str(folder)))
         tok = tok if isinstance(tok, dict) else {}
         vocab = tok.get("model", {}).get("vocab", {})
         pieces = list(vocab.items()) if isinstance(vocab, dict) else [(p[0], i) for i, p in enumerate(vocab)]
         added = tok.get("added_tokens", [])
         return pieces + [(a["content"], a["id"]) for a in added], [a["id"] for a in added if a.get("special")]
     if (folder / "vocab.json").is_file():
-        vocab = rundir.read_json(folder / "vocab.json", repr(str(folder)))
+        vocab = read_json(folder / "vocab.json", repr(str(folder)))
         return (list(vocab.items()) if isinstance(vocab, dict) else []), []
     return [], []
 
@@ -275,7 +276,7 @@ def _config(folder: Path) -> dict:
         raise TiecliError(
             f"{str(folder)!r} has no config.json; a Hugging Face model folder holds config.json and *.safetensors"
         )
-    cfg = rundir.read_json(path, repr(str(folder)))
+    cfg = read_json(path, repr(str(folder)))
     if not isinstance(cfg, dict):
         raise TiecliError(f"{str(path)!r} is not a JSON object")
     return {**cfg, **cfg.get("text_config", {})}  # multimodal models (Gemma 3 4B+) nest the language model's
@@ -358,7 +359,7 @@ def measure(model: Pretrained, pairs_path: Path | None = None, seed: int = 0) ->
 def write(out: Path, entry: dict) -> Path:
     """DIR/pretrained.json, atomically; `tiecli report` shows it as a reference row."""
     path = out / PRETRAINED_FILE
-    rundir.write_json(path, {"format": FORMAT, **entry})
+    write_json(path, {"format": FORMAT, **entry})
     return path
 
 

@@ -18,9 +18,12 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from tiecli import checkpoint, config, distributed, rundir
+from tiecli import checkpoint, config, distributed
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPTConfig
+from tiecli.run.layout import CHECKPOINT, CONFIG, INIT_CHECKPOINT, METRICS, SUMMARY, is_run_dir, run_path
+from tiecli.run.reader import RunReader
+from tiecli.run.records import flatten
 
 EXTENDABLE = (
     "train.max_steps",
@@ -54,8 +57,8 @@ def resume_config(stored: DictConfig, choices: dict[str, str], overrides: list[s
         if OmegaConf.select(cfg, key, default="__absent__") == "__absent__":
             raise ConfigError(f"unknown config key {key!r} in this run's config.yaml")
         OmegaConf.update(cfg, key, o.value(), merge=False)
-    old = rundir.flatten(cast(dict, OmegaConf.to_container(stored, resolve=True)))
-    new = rundir.flatten(cast(dict, OmegaConf.to_container(cfg, resolve=True)))
+    old = flatten(cast(dict, OmegaConf.to_container(stored, resolve=True)))
+    new = flatten(cast(dict, OmegaConf.to_container(cfg, resolve=True)))
     for key in sorted(old.keys() | new.keys()):
         if old.get(key) != new.get(key) and key not in EXTENDABLE and not key.startswith(EXTENDABLE_PREFIXES):
             raise ConfigError(
@@ -77,10 +80,10 @@ def plan(
     if name is None:  # the run the same overrides would have named
         cfg, choices = config.compose(overrides, config_dir)
         name = config.run_name(choices, cfg, overrides)
-    path = rundir.run_path(runs_dir, name)
-    if not rundir.is_run_dir(path):
+    path = run_path(runs_dir, name)
+    if not is_run_dir(path):
         raise TiecliError(f"there is no run {name!r} in {str(runs_dir)!r} to resume; leave out --resume to start it")
-    reader = rundir.RunReader(path)
+    reader = RunReader(path)
     choices = reader.overrides()["choices"]
     cfg = resume_config(config.upgraded(reader.config(), choices), choices, overrides)
     summary = reader.summary()
@@ -91,21 +94,21 @@ def plan(
         )
         return None, cfg, {}
     check_files(reader, config.to_config(cfg).model)  # at once, before the data and model are built
-    return path, cfg, {rundir.CONFIG: config.to_yaml(cfg)}
+    return path, cfg, {CONFIG: config.to_yaml(cfg)}
 
 
-def check_files(reader: rundir.RunReader, model: GPTConfig) -> None:
+def check_files(reader: RunReader, model: GPTConfig) -> None:
     """Read every file of the run that training reads or rewrites, so that one unreadable file is
     refused before anything changes rather than failing the run after it trained (FormatError)."""
     try:
         reader.config(), reader.summary(), reader.trackers()  # overrides.yaml: read by plan(), for the choices
         reader.metrics(), reader.evals(), reader.geometry()
-        checkpoint.load_embeddings(reader.path / rundir.INIT_CHECKPOINT, model, reader.name)  # geometry's reference
+        checkpoint.load_embeddings(reader.path / INIT_CHECKPOINT, model, reader.name)  # geometry's reference
     except TiecliError as e:
         raise TiecliError(f"{e}; --resume left the run as it was") from None
 
 
-def check_checkpoint(reader: rundir.RunReader, ckpt: dict, log_interval: int) -> None:
+def check_checkpoint(reader: RunReader, ckpt: dict, log_interval: int) -> None:
     """TiecliError, naming both sides, when last.pt is not where this run stands: another run's id,
     another step than summary.json's, or a step past metrics.jsonl's rows (a cut or emptied file).
 
@@ -116,13 +119,13 @@ def check_checkpoint(reader: rundir.RunReader, ckpt: dict, log_interval: int) ->
     step, theirs = state["step"], state.get("run_id")
     if theirs is not None and summary.run_id is not None and theirs != summary.run_id:
         raise TiecliError(
-            f"run {name}: {rundir.CHECKPOINT} belongs to run id {theirs}, but {rundir.SUMMARY} says this run is "
+            f"run {name}: {CHECKPOINT} belongs to run id {theirs}, but {SUMMARY} says this run is "
             f"{summary.run_id}: it was copied from another run; put back this run's own, or train that one"
         )
     ended = summary.status in ("completed", "interrupted")  # both save a checkpoint at the step they record
     if (step > summary.step and summary.status != "running") or (ended and step != summary.step):
         raise TiecliError(
-            f"run {name}: {rundir.CHECKPOINT} is at step {step}, but {rundir.SUMMARY} says the run was "
+            f"run {name}: {CHECKPOINT} is at step {step}, but {SUMMARY} says the run was "
             f"{summary.status} at step {summary.step}: the checkpoint is not this run's last one"
         )
     logged = [r.step for r in reader.metrics() if r.step <= step]
@@ -135,7 +138,7 @@ def check_checkpoint(reader: rundir.RunReader, ckpt: dict, log_interval: int) ->
         return
     rows = f"ends at step {last}" if last is not None else "has no rows"
     raise TiecliError(
-        f"run {name}: {rundir.METRICS} {rows}, but {rundir.CHECKPOINT} is at step {step}, {written}: rows were "
+        f"run {name}: {METRICS} {rows}, but {CHECKPOINT} is at step {step}, {written}: rows were "
         "lost (a cut or emptied file) or the checkpoint is another run's; resuming would leave a gap in the "
         "curves: put back the run's metrics.jsonl, or start a new run with another --name"
     )

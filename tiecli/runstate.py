@@ -6,18 +6,21 @@ resumed run's checkpoint restored into the Setup, checkpoints saved, and the fin
 import math
 import platform
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 import tiecli
-from tiecli import baselines, checkpoint, distributed, rundir
+from tiecli import baselines, checkpoint, distributed, trackers
 from tiecli import resume as resuming
 from tiecli.config import Config
 from tiecli.errors import TiecliError
 from tiecli.prepare import Setup
-from tiecli.rundir import RunWriter, Summary
+from tiecli.run.files import now
+from tiecli.run.layout import CHECKPOINT, SUMMARY, new_run_id
+from tiecli.run.reader import RunReader
+from tiecli.run.records import Summary
+from tiecli.run.writer import RunWriter
 from tiecli.runtime import Threads, pick_device, use_threads
 
 
@@ -66,34 +69,30 @@ def new_summary(s: Setup, name: str) -> Summary:
             "baselines": baselines.of_corpus(s.corpus),
         },
         started=now(),
-        run_id=rundir.new_run_id(),
+        run_id=new_run_id(),
     )
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tuple[RunWriter, TrainState, bool]:
     """The run's writer and where training stands: a new run at step 0, or a resumed one at its checkpoint."""
     if not resume:
         init, summary = checkpoint.to_bytes({"emb": s.model.emb.state_dict()}), new_summary(s, run_dir.name)
-        return RunWriter.create(run_dir, files, summary, init), TrainState(run_id=summary.run_id), False
-    run = RunWriter.open(run_dir)
+        return trackers.create_run(run_dir, files, summary, init), TrainState(run_id=summary.run_id), False
+    run = trackers.open_run(run_dir)
     try:
         run.reader.check_corpus(s.corpus.key)
         resuming.check_files(run.reader, s.config.model)  # nothing is changed until all of them have been read
-        run_id = run.reader.summary().run_id or rundir.new_run_id()  # a run from before run ids gets one now
-        if not (run_dir / rundir.CHECKPOINT).is_file():
+        run_id = run.reader.summary().run_id or new_run_id()  # a run from before run ids gets one now
+        if not (run_dir / CHECKPOINT).is_file():
             if run.reader.summary().step > 0:  # never replace trained steps with a fresh start
                 raise TiecliError(
-                    f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to resume from; "
+                    f"run {run_dir.name} has no checkpoint ({CHECKPOINT}) to resume from; "
                     "its recorded steps are kept: start a new run with another --name"
                 )
             run.truncate_after(-1)
             run.rewrite(files)
             return run, TrainState(run_id=run_id), False
-        ckpt = run.reader.checkpoint()
+        ckpt = checkpoint.load_last(run_dir)
         distributed.check_world_size(ckpt, run_dir.name)
         stored = run.reader.config().get("train", {}).get("log_interval", 1)  # what the checkpoint was written with
         resuming.check_checkpoint(run.reader, ckpt, max(stored, s.config.train.log_interval))
@@ -123,7 +122,7 @@ def restore(s: Setup, ckpt: dict, name: str) -> TrainState:
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         reason = (str(e).strip().splitlines() or [""])[0][:160]
         raise TiecliError(
-            f"run {name}: checkpoint {rundir.CHECKPOINT.name} does not match this run ({type(e).__name__}: {reason})"
+            f"run {name}: checkpoint {CHECKPOINT.name} does not match this run ({type(e).__name__}: {reason})"
         ) from None
     return state
 
@@ -145,13 +144,13 @@ def open_on_ranks(
         return opened
     if not resumed:
         return None, TrainState(), False
-    return None, restore(s, checkpoint.load(run_dir / rundir.CHECKPOINT, run_dir.name), run_dir.name), True
+    return None, restore(s, checkpoint.load(run_dir / CHECKPOINT, run_dir.name), run_dir.name), True
 
 
 def run_threads(config: Config, run_dir: Path, resume: bool) -> Threads:
     """This process's torch threads (runtime.use_threads); a resumed run keeps the count it trained with,
     since another count sums in another order (the last bits of its losses would differ)."""
-    kept = rundir.RunReader(run_dir).summary().threads if resume and (run_dir / rundir.SUMMARY).is_file() else None
+    kept = RunReader(run_dir).summary().threads if resume and (run_dir / SUMMARY).is_file() else None
     return use_threads(pick_device(config.device), kept)
 
 
@@ -159,7 +158,7 @@ def mean_loss(loss_acc: torch.Tensor, state: TrainState, run: RunWriter | None) 
     """The mean train loss since the last log line; a NaN or infinite one stops the run."""
     loss = loss_acc.item() / max(1, state.loss_n)
     if not math.isfinite(loss):
-        kept = run.reader.checkpoint()["state"]["step"] if run and (run.path / rundir.CHECKPOINT).is_file() else 0
+        kept = checkpoint.load_last(run.path)["state"]["step"] if run and (run.path / CHECKPOINT).is_file() else 0
         raise Diverged(
             f"the training loss became {loss} by step {state.step}; the checkpoint from step {kept} is kept "
             "(try a lower train.lr)"
@@ -192,7 +191,7 @@ def save_checkpoint(
         ckpt["rank_rng"] = ranks[1:]
     if s.scaler:
         ckpt["scaler"] = s.scaler.state_dict()
-    run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
+    run.save(CHECKPOINT, checkpoint.to_bytes(ckpt))
     if keep:
         run.keep_checkpoint(state.step, s.config.train.keep_checkpoints)
 

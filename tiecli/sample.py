@@ -24,11 +24,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tiecli import checkpoint, rundir
+from tiecli import checkpoint
 from tiecli.config import SEED_LIMIT, Config
 from tiecli.data import load_corpus
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPT, KVCache
+from tiecli.run.layout import CHECKPOINT
+from tiecli.run.reader import RunReader
 from tiecli.runtime import pick_device, use_threads
 
 DEFAULT_PROMPT = "\n"  # nanoGPT's start: every tokenizer here has it, and it begins a line of the text
@@ -131,11 +133,11 @@ def encode_prompt(encoding: tiktoken.Encoding, text: str, vocab_size: int) -> li
 
 def load(run_dir: Path, config: Config, step: str) -> tuple[GPT, tiktoken.Encoding, int]:
     """A run's model with the weights of its checkpoint at `step` (latest: last.pt), in eval mode, and the run's tokenizer."""
-    reader = rundir.RunReader(run_dir)
+    reader = RunReader(run_dir)
     path = reader.full_checkpoint(step)
     if not path.is_file():
         raise TiecliError(
-            f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to sample from: "
+            f"run {run_dir.name} has no checkpoint ({CHECKPOINT}) to sample from: "
             "it stopped before saving one; train it further with --resume"
         )
     model, ckpt = checkpoint.load_model(path, config.model, run_dir.name)

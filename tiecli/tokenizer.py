@@ -27,8 +27,8 @@ import numpy as np
 import rustbpe
 import tiktoken
 
-from tiecli import rundir
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.run.files import atomic_write
 
 NAMES = ("gpt2", "bpe", "bytes")
 T = TypeVar("T")
@@ -159,9 +159,9 @@ def _save_bpe(path, pattern, ranks):
     # tiktoken's text format, so other tools can read the ranks; the pattern goes in a json beside
     # it. The .tiktoken file is written last: when it exists, the entry is complete.
     meta = {"format": BPE_FORMAT, "pattern": pattern, "vocab_size": len(ranks)}
-    rundir.atomic_write(path.with_suffix(".json"), json.dumps(meta, indent=1).encode())
+    atomic_write(path.with_suffix(".json"), json.dumps(meta, indent=1).encode())
     by_rank = sorted(ranks.items(), key=lambda kv: kv[1])
-    rundir.atomic_write(path, b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in by_rank))
+    atomic_write(path, b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in by_rank))
 
 
 def _load_bpe(path):

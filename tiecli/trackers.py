@@ -1,10 +1,11 @@
-# Used by every command that writes a run (through rundir.RunWriter) when its config names logger=[...].
+# Used by every command that writes a run (through RunWriter) when its config names logger=[...].
 """Experiment trackers, TensorBoard and W&B, fed by RunWriter with exactly what it writes to the run.
 
-metrics.jsonl stays the source of truth. RunWriter hands each tracker the record it has just
-written: a metrics row (one scalar per key, named as in metrics.jsonl), an evaluation
-(eval/<split>/...), a geometry entry (geometry/<side>/<metric>) and the final summary
-(summary/...); the config goes in as hyperparameters. So what a tracker shows is what the run
+metrics.jsonl stays the source of truth. A command opens its run with `create_run` or `open_run`,
+which attach a `Feed` to the RunWriter; the writer hands it each record it has just written: a
+metrics row (one scalar per key, named as in metrics.jsonl), an evaluation (eval/<split>/...), a
+geometry entry (geometry/<side>/<metric>) and the final summary (summary/...); the config goes in
+as hyperparameters. So what a tracker shows is what the run
 directory holds, under the same names.
 
 TensorBoard writes event files into <run>/tb/: `tensorboard --logdir runs` shows every run, and
@@ -22,8 +23,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import yaml
+
+from tiecli import checkpoint
+from tiecli import config as configs
+from tiecli.data import load_corpus
 from tiecli.errors import TiecliError
-from tiecli.rundir import flatten
+from tiecli.run.layout import CONFIG, MANIFEST
+from tiecli.run.records import Summary, flatten
+from tiecli.run.writer import RunWriter
+from tiecli.tokenizer import token_strings
 
 TB_DIR = "tb"
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger name -> the module it needs
@@ -50,8 +60,6 @@ def numbers(tree: dict, prefix: str = "") -> dict[str, float]:
 
 def sweep_of(run: Path) -> str | None:
     """The sweep a run belongs to: its folder's name, when that folder holds a sweep manifest."""
-    from tiecli.sweep.manifest import MANIFEST
-
     return run.parent.name if (run.parent / MANIFEST).is_file() else None
 
 
@@ -170,22 +178,77 @@ class Trackers:
             t.close(self.completed)
 
 
+class Feed:
+    """A RunWriter listener: the trackers config.yaml's `logger` names (TensorBoard, W&B) get each
+    metrics row, evaluation, geometry entry and final summary right after it is written, started on
+    the first of them. Both trackers only append, so they get only steps from `track_from` on: the
+    run's step when the writer took it, the step after the checkpoint when a resume rolls back
+    (TensorBoard then hides what it had past that point), so an earlier step re-measured later
+    (`geometry --write --step 0`) stays out of them.
+    """
+
+    def __init__(self, run: RunWriter):
+        self.run = run
+        self.track_from = run.start_step
+        self.purge_step: int | None = None
+        self.tracking: Trackers | None = None
+
+    def _trackers(self, step: int) -> Trackers | None:
+        """The run's trackers, started on first use, when `step` may still go to them; else None."""
+        if step < self.track_from:
+            return None
+        if self.tracking is None:
+            reader = self.run.reader
+            self.tracking = Trackers(self.run.path, reader.config(), reader.trackers(), self.purge_step)
+            if self.tracking.records():
+                self.run.trackers(self.tracking.records())
+        return self.tracking
+
+    def written(self, kind: str, record: dict) -> None:
+        if kind == "summary" and record["status"] == "running":  # only the final summary goes to the trackers
+            return
+        if tracking := self._trackers(record["step"]):
+            send = {
+                "metrics": tracking.row,
+                "eval": tracking.eval,
+                "geometry": tracking.geometry,
+                "summary": tracking.summary,
+            }
+            send[kind](record)
+
+    def truncated(self, last_step: int) -> None:
+        self.track_from = self.purge_step = last_step + 1  # the trackers get the redone steps, and hide the old ones
+
+    def close(self) -> None:
+        if self.tracking is not None:
+            self.tracking.close()
+        self.tracking = None
+
+
+def create_run(path: Path, files: dict[str, str], summary: Summary, init: bytes) -> RunWriter:
+    """RunWriter.create, its records fed to the run's trackers; a missing tracker package is refused first."""
+    if CONFIG in files:  # before anything is written: a tracker's missing package is one line
+        check_installed((yaml.safe_load(files[CONFIG]) or {}).get("logger"))
+    run = RunWriter.create(path, files, summary, init)
+    run.listeners.append(Feed(run))
+    return run
+
+
+def open_run(path: Path) -> RunWriter:
+    """RunWriter.open, its records fed to the run's trackers (a resume, `eval`, `geometry --write`)."""
+    run = RunWriter.open(path, check=lambda reader: check_installed(reader.config().get("logger")))
+    run.listeners.append(Feed(run))
+    return run
+
+
 def projector(writer, run: Path, config: dict, limit: int | None, step: int) -> None:
     """The final input and output matrices in TensorBoard's embedding projector, token id and string as labels.
 
     Read back from the run's last checkpoint; with `limit`, only the most frequent tokens of the
     training split (the projector holds every point in the browser).
     """
-    import numpy as np
-
-    from tiecli import checkpoint
-    from tiecli import config as configs
-    from tiecli.data import load_corpus
-    from tiecli.rundir import RunReader
-    from tiecli.tokenizer import token_strings
-
     c = configs.from_dict(config, run)
-    ckpt = RunReader(run).checkpoint()
+    ckpt = checkpoint.load_last(run)
     emb = checkpoint.embeddings_of(ckpt, c.model, run.name)
     corpus = load_corpus(c.data, c.tokenizer)
     ids = np.argsort(-corpus.counts, kind="stable")[: limit or len(corpus.counts)]

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from tiecli import checkpoint, diagnostics, distributed, rundir
+from tiecli import checkpoint, diagnostics, distributed
 from tiecli.config import Config
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
@@ -21,8 +21,11 @@ from tiecli.evaluate import evaluate, expected_line, final_windows
 from tiecli.model import Embeddings
 from tiecli.optim import lr_at
 from tiecli.prepare import Setup, prepare
-from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
-from tiecli.runstate import TrainState, finish, mean_loss, now, open_on_ranks, run_threads, save_checkpoint
+from tiecli.run.files import now
+from tiecli.run.layout import INIT_CHECKPOINT, SNAPSHOTS
+from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary, parse_record
+from tiecli.run.writer import RunWriter
+from tiecli.runstate import TrainState, finish, mean_loss, open_on_ranks, run_threads, save_checkpoint
 from tiecli.runtime import peak_memory, synchronize
 
 
@@ -131,7 +134,7 @@ def fit(
     Under DDP every rank runs it in step; rank 0 alone (run is not None) evaluates and writes."""
     c, t, d = s.config, s.config.train, s.config.diag
     max_steps, model, optimizer = c.max_steps, s.model, s.optimizer
-    emb0 = checkpoint.load_embeddings(run.path / rundir.INIT_CHECKPOINT, c.model, run.path.name) if run else None
+    emb0 = checkpoint.load_embeddings(run.path / INIT_CHECKPOINT, c.model, run.path.name) if run else None
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
     pair_index = diagnostics.pair_index(s.pairs, s.corpus.counts, d.seed, s.device) if d.every > 0 else None
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
@@ -291,9 +294,9 @@ def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings | None, step: int
     if not d.geometry or emb0 is None:  # emb0: rank 0's, the only rank that records
         return
     entry = diagnostics.embedding_geometry(s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed)
-    run.geometry(rundir.parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
+    run.geometry(parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
     if d.snapshots and snapshot_due(s.config, step):
-        run.save(rundir.SNAPSHOTS / f"step_{step}.pt", checkpoint.to_bytes({"emb": s.model.emb.state_dict()}))
+        run.save(SNAPSHOTS / f"step_{step}.pt", checkpoint.to_bytes({"emb": s.model.emb.state_dict()}))
         for kept in run.reader.snapshot_steps():  # a resume that changed the schedule leaves some off the plan
             if not snapshot_due(s.config, kept):
                 run.remove_snapshot(kept)

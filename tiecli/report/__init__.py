@@ -3,7 +3,7 @@
 #   and   tiecli runs [DIR]
 """From finished run directories to tables, plots and a verdict on each claim of CLAIMS.md.
 
-Reads run directories only through rundir.RunReader (config, overrides, summary, metrics, eval,
+Reads run directories only through RunReader (config, overrides, summary, metrics, eval,
 geometry); never imports torch. The steps, one module each:
   load     which folders are runs; each usable run as a typed `Run`, or the reason it is skipped
   groups   runs into `Group`s (one setting, several seeds), their labels, --select, the `Baseline`
@@ -25,7 +25,6 @@ import dataclasses
 import math
 from pathlib import Path
 
-from tiecli import rundir
 from tiecli.errors import TiecliError
 from tiecli.report import (
     claims,
@@ -45,6 +44,7 @@ from tiecli.report import (
 )
 from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select, units
 from tiecli.report.listing import runs_table
+from tiecli.run.files import atomic_write, write_json
 
 __all__ = ["Options", "report", "runs_table"]
 DEFAULT_BASELINE = Baseline(
@@ -223,8 +223,8 @@ def family_rules(rows: list[claims_rules.Claim], source: str) -> dict[str, str]:
 def write(out: Path, files: dict[str, str | bytes], results_json: dict) -> None:
     try:
         for name, data in files.items():
-            rundir.atomic_write(out / name, data)
-        rundir.write_json(out / "results.json", results_json)
+            atomic_write(out / name, data)
+        write_json(out / "results.json", results_json)
     except OSError as e:
         raise TiecliError(f"cannot write the report to {str(out)!r}: {e.strerror or e}") from None
 

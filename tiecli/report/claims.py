@@ -15,7 +15,6 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from tiecli import rundir
 from tiecli.errors import TiecliError
 from tiecli.report.claims_embedding import agreement_claims, forms_claims, gradient_claims, parameter_claims
 from tiecli.report.claims_rules import (
@@ -37,6 +36,7 @@ from tiecli.report.claims_stability import Outcome, divergence_claims, drift_cla
 from tiecli.report.compare import compare
 from tiecli.report.groups import Baseline, Group
 from tiecli.report.stats import ALPHA, holm
+from tiecli.run.files import read_json
 
 
 def claims(
@@ -127,7 +127,7 @@ def declared_families(run_paths: list[str]) -> tuple[dict[str, tuple[str, ...]],
     for sweep in sorted({Path(p).parent / "sweep.json" for p in run_paths}):
         if not sweep.is_file():
             continue
-        manifest = rundir.read_json(sweep, f"sweep {sweep.parent.name}")
+        manifest = read_json(sweep, f"sweep {sweep.parent.name}")
         study = (manifest.get("study") if isinstance(manifest, dict) else None) or {}
         if study.get("families") is not None:
             specs.setdefault(json.dumps(study["families"], sort_keys=True), []).append(str(sweep.parent))

@@ -6,10 +6,11 @@ from pathlib import Path
 
 from rich.table import Table
 
-from tiecli import rundir
 from tiecli.display import num as _num
 from tiecli.errors import TiecliError
 from tiecli.report.load import find_run_dirs, reason
+from tiecli.run.files import FormatError
+from tiecli.run.reader import RunReader
 
 COLUMNS = ("name", "state", "size", "mode", "steps", "val perplexity")
 NUMBERS = ("steps", "val perplexity")  # right-aligned
@@ -39,7 +40,7 @@ def runs_table(path: Path) -> Table:
 
 def run_line(path: Path, root: Path) -> list[str]:
     name = str(path.relative_to(root)) if path != root else path.name  # sweeps nest runs: show where
-    reader = rundir.RunReader(path)
+    reader = RunReader(path)
     try:
         config, choices, summary, status = (
             reader.config(),
@@ -59,7 +60,7 @@ def run_line(path: Path, root: Path) -> list[str]:
             f"{summary.step:,}/{summary.max_steps:,}",
             _num(final.get("perplexity"), ".2f"),
         ]
-    except rundir.FormatError as e:
+    except FormatError as e:
         return [name, f"unreadable: {reason(e, reader.name)}", "-", "-", "-", "-"]
     except (KeyError, TypeError) as e:
         return [name, f"unreadable: a file lacks an expected field ({type(e).__name__}: {e})", "-", "-", "-", "-"]

@@ -1,5 +1,5 @@
 # Used by `tiecli report` and `tiecli runs`: which folders are runs, and each usable run as a typed record.
-"""Finding run directories and reading each completed one, through rundir.RunReader, into a `Run`.
+"""Finding run directories and reading each completed one, through RunReader, into a `Run`.
 
 A run that cannot be used raises `Skip` with a one-line reason (the run's name left out: the
 report shows it next to the path).
@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeGuard, cast
 
-from tiecli import rundir
 from tiecli.errors import TiecliError
+from tiecli.run.files import FormatError
+from tiecli.run.layout import CONFIG, METRICS, SUMMARY, is_run_dir
+from tiecli.run.reader import RunReader
+from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, flatten
 
 PARAM_KEYS = (
     "input_embedding",
@@ -129,7 +132,7 @@ def find_run_dirs(paths: list[Path]) -> list[Path]:
     for path in paths:
         if not path.exists():
             raise TiecliError(f"{str(path)!r} does not exist")
-        for run in [path] if rundir.is_run_dir(path) else _search(path):
+        for run in [path] if is_run_dir(path) else _search(path):
             found.setdefault(run.resolve(), run)
     return list(found.values())
 
@@ -138,7 +141,7 @@ def _search(root: Path) -> list[Path]:
     candidates = []
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = [s for s in subfolders if not s.startswith(".")]
-        if (rundir.SUMMARY in files or rundir.CONFIG in files) and rundir.is_run_dir(Path(folder)):
+        if (SUMMARY in files or CONFIG in files) and is_run_dir(Path(folder)):
             candidates.append(Path(folder))
     return sorted(candidates)
 
@@ -147,31 +150,31 @@ def _search(root: Path) -> list[Path]:
 
 
 def reason(error: Exception, name: str) -> str:
-    """A rundir error without its leading "run NAME: " (the report shows the run next to it)."""
+    """A run-directory error without its leading "run NAME: " (the report shows the run next to it)."""
     text = str(error)
     return text.removeprefix(f"run {name}: ")
 
 
 def load_run(path: Path) -> Run:
     """One completed run directory as a Run; Skip, with the reason, when it cannot be used."""
-    reader = rundir.RunReader(path)
+    reader = RunReader(path)
     try:
         config, choices, summary = reader.config(), reader.overrides()["choices"], reader.summary()
         status = reader.status()
         if status != "completed":
             error = str(summary.error or "").strip().splitlines()
             raise Skip(f"status {status}" + (f": {error[-1][:120]}" if error else ""))
-        if not (path / rundir.METRICS).is_file():
-            raise Skip(f"{rundir.METRICS} does not exist")
+        if not (path / METRICS).is_file():
+            raise Skip(f"{METRICS} does not exist")
         metrics, entries, evals, final = reader.metrics(), reader.geometry(), reader.evals(), reader.final_val()
-    except rundir.FormatError as e:
+    except FormatError as e:
         raise Skip(reason(e, reader.name)) from None
     if not final:
         raise Skip("no final validation metrics (eval.json val or summary.json final_val)")
     if bad := not_finite(final, evals, metrics):
         raise Skip(f"losses are NaN or infinite: {bad}")
     try:
-        setting = rundir.flatten(config)
+        setting = flatten(config)
         return Run(
             name=path.name,
             path=str(path),
@@ -211,7 +214,7 @@ def load_run(path: Path) -> Run:
         raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None
 
 
-def not_finite(final: dict, evals: dict[str, rundir.EvalResult], metrics: list[rundir.MetricsRow]) -> str | None:
+def not_finite(final: dict, evals: dict[str, EvalResult], metrics: list[MetricsRow]) -> str | None:
     """Which of a completed run's losses are NaN or infinite (the whole-split ones, and the first
     metrics.jsonl row with one), or None: a diverged run would turn every mean and interval into NaN."""
     whole = {"val": final.get("loss")} | {split: e.loss for split, e in evals.items() if split != "val"}
@@ -228,9 +231,7 @@ def _finite(value) -> bool:
     return _number(value) and math.isfinite(value)
 
 
-def generalisation_gap(
-    evals: dict[str, rundir.EvalResult], metrics: list[rundir.MetricsRow]
-) -> tuple[float, float, str] | None:
+def generalisation_gap(evals: dict[str, EvalResult], metrics: list[MetricsRow]) -> tuple[float, float, str] | None:
     """(val loss, train loss, source): eval.json's whole-split val and train when both exist, else the
     last metrics.jsonl row with both val_loss and train_eval_loss (the in-training fixed windows)."""
     if "train" in evals and "val" in evals:
@@ -255,7 +256,7 @@ def _number(value) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def diagnostics(metrics: list[rundir.MetricsRow], entries: list[rundir.GeometryEntry]) -> dict[str, float | None]:
+def diagnostics(metrics: list[MetricsRow], entries: list[GeometryEntry]) -> dict[str, float | None]:
     """Per-run diagnostic summary: each TRAINING_DIAG key's mean over the logged steps that have it,
     the geometry at the last entry, and the agreement at the step-0 entry as KEY_init (None where not measured)."""
     out = {}
@@ -277,14 +278,14 @@ def diagnostics(metrics: list[rundir.MetricsRow], entries: list[rundir.GeometryE
 
 def diverged_run(path: Path) -> DivergedRun | None:
     """The run, when it failed on a non-finite training loss (train.Diverged); else None."""
-    reader = rundir.RunReader(path)
+    reader = RunReader(path)
     try:
         summary = reader.summary()
         if summary.status != "failed" or not (summary.error or "").startswith("Diverged"):
             return None
         config, choices = reader.config(), reader.overrides()["choices"]
-        return DivergedRun(path.name, config["seed"], rundir.flatten(config), choices, summary.step)
-    except (rundir.FormatError, KeyError):
+        return DivergedRun(path.name, config["seed"], flatten(config), choices, summary.step)
+    except (FormatError, KeyError):
         return None
 
 

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiecli import rundir
 from tiecli.errors import TiecliError
+from tiecli.run.files import read_json
 
 PRETRAINED_FILE = "pretrained.json"
 
@@ -43,7 +43,7 @@ def find(paths: list[Path]) -> list[Path]:
 
 def load(path: Path) -> Reference:
     """One reference; one line naming the file when it is not a pretrained-geometry entry."""
-    entry = rundir.read_json(path)
+    entry = read_json(path)
     if (
         not isinstance(entry, dict)
         or not all(isinstance(entry.get(key), dict) for key in ("model", "input", "output"))

@@ -23,10 +23,12 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from tiecli import config, rundir
+from tiecli import config
 from tiecli.display import duration
 from tiecli.model import GPT, count_params
 from tiecli.optim import make_optimizer
+from tiecli.run.layout import is_run_dir
+from tiecli.run.records import SweepManifest
 from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
 from tiecli.sweep.launchers import SUBMITIT_FOLDER, sbatch_lines, slurm_parameters
 from tiecli.sweep.scheduler import Launch
@@ -40,7 +42,7 @@ BUDGET_S = 5.0
 
 def dry_run_lines(
     sweep_dir: Path,
-    manifest: rundir.SweepManifest,
+    manifest: SweepManifest,
     configs: dict[str, config.Config],
     launch: Launch | None = None,
     timed: bool = False,
@@ -56,13 +58,7 @@ def dry_run_lines(
     sizes, left = [], {}
     for job in manifest.jobs:
         run_dir = sweep_dir / job.run_dir
-        action = (
-            "completed, skip"
-            if run_status(run_dir) == "completed"
-            else "resume"
-            if rundir.is_run_dir(run_dir)
-            else "new"
-        )
+        action = "completed, skip" if run_status(run_dir) == "completed" else "resume" if is_run_dir(run_dir) else "new"
         if action != "completed, skip":
             left[job.name] = progress(run_dir)["step"] if action == "resume" else 0
         s = job_size(configs[job.name])

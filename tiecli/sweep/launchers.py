@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tiecli import rundir
 from tiecli.errors import ConfigError, TiecliError
-from tiecli.sweep.manifest import now
+from tiecli.run.files import now
+from tiecli.run.layout import is_run_dir
 
 if TYPE_CHECKING:  # a submitit job imports this module to run run_job: it needs neither torch nor Hydra
     from tiecli import config
@@ -82,7 +82,7 @@ def train_command(spec: JobSpec, rendezvous: Rendezvous | None = None) -> list[s
     command += (
         ["--nproc", str(spec.nproc)] if spec.nproc > 1 and rendezvous is None else []
     )  # torchrun, one rank per GPU
-    command += ["--resume"] if rundir.is_run_dir(sweep_dir / spec.name) else []
+    command += ["--resume"] if is_run_dir(sweep_dir / spec.name) else []
     command += ["--config-dir", spec.config_dir] if spec.config_dir else []
     return command + ["--", *spec.overrides]  # "--": an override can never be read as an option
 

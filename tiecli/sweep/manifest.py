@@ -4,41 +4,36 @@
 It is rewritten atomically after each change, so it is true whenever the sweep stops. A job's
 run_dir and log in it are relative to the sweep folder, so the folder can move. A re-run may add
 jobs (more seeds, a new mode) but not drop any: the manifest always describes every run in the folder.
-Its records (rundir.SweepManifest, rundir.SweepJob) are read and written by the storage layer.
+Its records (SweepManifest, SweepJob) are read and written by the storage layer.
 """
 
 import dataclasses
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tiecli import rundir
 from tiecli.errors import TiecliError
+from tiecli.run.files import now
+from tiecli.run.layout import MANIFEST
+from tiecli.run.records import SweepManifest, read_manifest, write_manifest
 
 if TYPE_CHECKING:  # a submitit job imports this module (through launchers): it needs no Hydra
     from tiecli import config
 
-MANIFEST = "sweep.json"
 
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def read(sweep_dir: Path) -> rundir.SweepManifest | None:
+def read(sweep_dir: Path) -> SweepManifest | None:
     """The sweep folder's manifest; None before the sweep first ran."""
-    return rundir.read_manifest(sweep_dir / MANIFEST) if (sweep_dir / MANIFEST).exists() else None
+    return read_manifest(sweep_dir / MANIFEST) if (sweep_dir / MANIFEST).exists() else None
 
 
-def save(sweep_dir: Path, manifest: rundir.SweepManifest) -> None:
+def save(sweep_dir: Path, manifest: SweepManifest) -> None:
     """Write the manifest (atomically), stamped with the time of this change."""
     manifest.updated = now()
-    rundir.write_manifest(sweep_dir / MANIFEST, manifest)
+    write_manifest(sweep_dir / MANIFEST, manifest)
 
 
 def keep_old_names(
-    old: rundir.SweepManifest, new: rundir.SweepManifest, configs: dict[str, "config.Config"]
-) -> tuple[rundir.SweepManifest, dict[str, "config.Config"]]:
+    old: SweepManifest, new: SweepManifest, configs: dict[str, "config.Config"]
+) -> tuple[SweepManifest, dict[str, "config.Config"]]:
     """A job already in the manifest keeps its name and folder (a sweep named before the shared hash was
     dropped, or one whose shared overrides changed with the jobs added): the same overrides, the same run."""
     by_overrides = {tuple(sorted(j.overrides)): j for j in old.jobs}
@@ -54,7 +49,7 @@ def keep_old_names(
     return dataclasses.replace(new, jobs=jobs), kept
 
 
-def merge(old: rundir.SweepManifest, new: rundir.SweepManifest) -> rundir.SweepManifest:
+def merge(old: SweepManifest, new: SweepManifest) -> SweepManifest:
     """The new command's manifest, keeping what the old one knew about the same jobs.
 
     Adding jobs is allowed (more seeds, a new mode); dropping some is refused, so the manifest

@@ -16,8 +16,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import tiecli.sweep.manifest as manifests
-from tiecli import config, rundir
+from tiecli import config
 from tiecli.errors import ConfigError
+from tiecli.run.files import now
+from tiecli.run.layout import run_path
+from tiecli.run.records import SweepJob, SweepManifest
 from tiecli.sweep.study import apply_rules, load_study, matches
 
 SAFE_NAME = re.compile(f"[{config.NAME_CHARS}]+")
@@ -28,7 +31,7 @@ JOB_NAME_LENGTH = 56  # "[12/24] NAME: completed at step 500" and the live table
 
 def plan(
     overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None, options: list[str] | None = None
-) -> tuple[Path, rundir.SweepManifest, dict[str, config.Config]]:
+) -> tuple[Path, SweepManifest, dict[str, config.Config]]:
     """The sweep folder, its manifest and each job's checked Config (by job name); every job is composed first.
 
     launcher.* overrides configure the launcher, not the jobs: they and `options` (--launcher, --jobs, ...)
@@ -48,7 +51,7 @@ def plan(
     for job, cfg, choices in composed:
         job_name = _job_name(choices, cfg, [line for line in job if line not in shared])
         configs[job_name] = config.to_config(cfg)  # a bad value in any job stops the sweep before anything runs
-        jobs.append(rundir.SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
+        jobs.append(SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
     names = [j.name for j in jobs]
     twice = next((n for n in names if names.count(n) > 1), None)
     if twice:
@@ -57,13 +60,13 @@ def plan(
     values = {key: [line.split("=", 1)[1] for line in lines] for key, lines in entries}
     given = [o.key_or_group for o in config.parse_overrides(job_overrides) if o.key_or_group != "study"]
     sweep_name = name or default_name(study["name"] if study else None, [(key, values[key]) for key in given])
-    sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", sweep_name)
+    sweep_dir = run_path(Path(runs_dir) / "sweeps", sweep_name)
     command = ["tiecli", "sweep", *overrides, "--name", sweep_name, "--runs-dir", str(runs_dir)]
     command += (["--config-dir", str(config_dir)] if config_dir else []) + list(options or [])
-    manifest = rundir.SweepManifest(
+    manifest = SweepManifest(
         name=sweep_name,
-        created=manifests.now(),
-        updated=manifests.now(),
+        created=now(),
+        updated=now(),
         command=shlex.join(command),
         config_dir=str(dirs[0]) if config_dir else None,
         study=study,

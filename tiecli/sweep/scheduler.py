@@ -20,9 +20,13 @@ from rich.live import Live
 
 import tiecli.sweep.launchers as launchers
 import tiecli.sweep.manifest as manifests
-from tiecli import config, rundir
+from tiecli import config
 from tiecli.display import PLAIN_EVERY_S
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.run.files import Lock, now
+from tiecli.run.layout import LOCK
+from tiecli.run.reader import RunReader
+from tiecli.run.records import SweepJob, SweepManifest
 from tiecli.sweep.plan import split_launcher_overrides
 from tiecli.sweep.states import current_state, finish, last_error_line
 from tiecli.sweep.status import PlainProgress, Watch, announce, jobs_table, show_counts, shown
@@ -66,7 +70,7 @@ def launch_command(launch: Launch, jobs: int | None) -> list[str]:
 
 def run(
     sweep_dir: Path,
-    manifest: rundir.SweepManifest,
+    manifest: SweepManifest,
     parallel: int,
     console: Console,
     every: float = PLAIN_EVERY_S,
@@ -82,7 +86,7 @@ def run(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # Two sweeps training the same runs would corrupt them. A lock, not a pid in the manifest: the OS
     # drops it when the sweep dies, so it never outlives the sweep nor mistakes another process for it.
-    with rundir.Lock(sweep_dir / rundir.LOCK, f"sweep {manifest.name}"):
+    with Lock(sweep_dir / LOCK, f"sweep {manifest.name}"):
         manifest, todo = _prepare(sweep_dir, manifest, console)
         starter = Starter(sweep_dir, manifest, launch, console)
         stopped = _run_jobs(sweep_dir, manifest, todo, launcher, starter, console, every)
@@ -92,7 +96,7 @@ def run(
 class Starter:
     """Turns a job into the JobSpec of its next attempt: its GPUs (round-robin), threads and torchrun processes."""
 
-    def __init__(self, sweep_dir: Path, manifest: rundir.SweepManifest, launch: Launch, console: Console):
+    def __init__(self, sweep_dir: Path, manifest: SweepManifest, launch: Launch, console: Console):
         self.sweep_dir, self.manifest, self.launch = sweep_dir.resolve(), manifest, launch
         self.pool, self.threads, self.nproc = None, None, launch.gpus_per_job or 1
         local = launch.settings.local
@@ -111,7 +115,7 @@ class Starter:
             # N jobs at once share the CPU: torch's default of one thread per core each would oversubscribe it.
             self.threads = max(1, launchers.cpu_cores() // launch.parallel)  # the allocation, not the node
 
-    def spec(self, job: rundir.SweepJob) -> launchers.JobSpec:
+    def spec(self, job: SweepJob) -> launchers.JobSpec:
         return launchers.JobSpec(
             name=job.name,
             overrides=job.overrides,
@@ -129,9 +133,7 @@ class Starter:
             self.pool.give_back(running.gpus)
 
 
-def _prepare(
-    sweep_dir: Path, manifest: rundir.SweepManifest, console: Console
-) -> tuple[rundir.SweepManifest, list[rundir.SweepJob]]:
+def _prepare(sweep_dir: Path, manifest: SweepManifest, console: Console) -> tuple[SweepManifest, list[SweepJob]]:
     """Under the sweep's lock: the manifest as it stands now, each job's state from its run, and the jobs to run."""
     old = manifests.read(sweep_dir)
     if old:  # plan() read it before the lock was ours: a sweep that ended meanwhile may have changed it
@@ -157,17 +159,17 @@ def _prepare(
 
 def _check_free(run_dir: Path, name: str, sweep: str) -> None:
     """Refuse a run another process is writing (a trainer a killed sweep left, a `tiecli train --resume`): a second trainer would corrupt it."""
-    if rundir.RunReader(run_dir).in_use():
+    if RunReader(run_dir).in_use():
         try:  # taking the lock fails naming its holder, as a second `tiecli train` would; if it was just freed, fine
-            rundir.Lock(run_dir / rundir.LOCK, f"run {name}").acquire().release()
+            Lock(run_dir / LOCK, f"run {name}").acquire().release()
         except TiecliError as e:
             raise TiecliError(f"sweep {sweep}: {e}") from None
 
 
 def _run_jobs(
     sweep_dir: Path,
-    manifest: rundir.SweepManifest,
-    todo: list[rundir.SweepJob],
+    manifest: SweepManifest,
+    todo: list[SweepJob],
     launcher,
     starter: Starter,
     console: Console,
@@ -218,7 +220,7 @@ def _run_jobs(
     return bool(signals)
 
 
-def _reap(jobs, running: dict, launcher, starter: Starter, stopping: bool, sweep_dir: Path) -> list[rundir.SweepJob]:
+def _reap(jobs, running: dict, launcher, starter: Starter, stopping: bool, sweep_dir: Path) -> list[SweepJob]:
     """The running jobs that have ended, each taken out of `running` and its state recorded."""
     ended_jobs = []
     for job in [j for j in jobs if j.name in running]:
@@ -232,14 +234,14 @@ def _reap(jobs, running: dict, launcher, starter: Starter, stopping: bool, sweep
 
 
 def _submit(
-    batch: list[rundir.SweepJob], launcher, starter: Starter, running: dict[str, launchers.Running], sweep_dir: Path
+    batch: list[SweepJob], launcher, starter: Starter, running: dict[str, launchers.Running], sweep_dir: Path
 ) -> None:
     """Start (or submit) these jobs; each job records its attempt, its launcher's job id and where its log grows from."""
     specs = [starter.spec(job) for job in batch]
     offsets = [_size(sweep_dir / job.log) for job in batch]
     for job, spec, offset, (handle, job_id) in zip(batch, specs, offsets, launcher.submit(specs)):
         running[job.name] = launchers.Running(handle, job_id, spec.gpus, offset)
-        job.state, job.attempts, job.started, job.job_id = "running", spec.attempt, manifests.now(), job_id
+        job.state, job.attempts, job.started, job.job_id = "running", spec.attempt, now(), job_id
         job.ended = job.exit_code = job.error = None
 
 
@@ -262,7 +264,7 @@ def _stop(console: Console, launcher, handles: list, hard: bool) -> None:
     )
 
 
-def _conclude(console: Console, manifest: rundir.SweepManifest, sweep_dir: Path, stopped: bool) -> int:
+def _conclude(console: Console, manifest: SweepManifest, sweep_dir: Path, stopped: bool) -> int:
     jobs = manifest.jobs
     counts = show_counts(console, manifest, sweep_dir)
     for job in jobs:

@@ -9,9 +9,10 @@ its exit code; a failed one the last lines its attempt wrote to its log (logs/<j
 import signal
 from pathlib import Path
 
-from tiecli import rundir
 from tiecli.errors import TiecliError
-from tiecli.sweep.manifest import now
+from tiecli.run.files import now
+from tiecli.run.reader import RunReader
+from tiecli.run.records import SweepJob
 
 ERROR_TAIL_LINES = 5
 
@@ -26,10 +27,10 @@ def read_live(read, default):
 
 def run_status(run_dir: Path) -> str | None:
     """The run's status (RunReader.status), None while it has none or it cannot be read yet."""
-    return read_live(rundir.RunReader(run_dir).status, None)
+    return read_live(RunReader(run_dir).status, None)
 
 
-def current_state(job: rundir.SweepJob, sweep_dir: Path) -> str:
+def current_state(job: SweepJob, sweep_dir: Path) -> str:
     """A job's state once no process of it runs: the run directory is the truth (a run deleted since, or a
     sweep killed outright, shows up here)."""
     status = run_status(sweep_dir / job.run_dir)
@@ -40,7 +41,7 @@ def current_state(job: rundir.SweepJob, sweep_dir: Path) -> str:
     return job.state
 
 
-def finish(job: rundir.SweepJob, code: int | None, stopping: bool, sweep_dir: Path, offset: int) -> None:
+def finish(job: SweepJob, code: int | None, stopping: bool, sweep_dir: Path, offset: int) -> None:
     """The job's state from its exit code: 0 completed, 130 (or stopped by us) interrupted, else failed.
 
     A job that ended without a code (its submitit job was killed, or failed on the cluster) has the state
@@ -72,7 +73,7 @@ def _tail(log_path: Path, offset: int, code: int | None) -> str:
     return "\n".join(lines[-ERROR_TAIL_LINES:]) or "(no output)"
 
 
-def last_error_line(job: rundir.SweepJob) -> str:
+def last_error_line(job: SweepJob) -> str:
     lines = (job.error or "").splitlines()
     return next(
         (line for line in reversed(lines) if line.startswith("error:")),

@@ -16,11 +16,12 @@ from typing import cast
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
-from tiecli import rundir
 from tiecli.display import duration, num
 from tiecli.errors import TiecliError
+from tiecli.run.layout import MANIFEST, run_path
+from tiecli.run.reader import RunReader
+from tiecli.run.records import SweepJob, SweepManifest, read_manifest
 from tiecli.sweep.launchers import still_active
-from tiecli.sweep.manifest import MANIFEST
 from tiecli.sweep.plan import check_name
 from tiecli.sweep.states import current_state, last_error_line, read_live
 
@@ -31,23 +32,23 @@ def show_status(runs_dir: Path, name: str, console: Console) -> None:
     """`tiecli sweep --status NAME`: the jobs table and the counts, from sweep.json, the run directories and the
     launcher's view of jobs still queued or running; submits and writes nothing."""
     check_name(name)
-    sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", name)
+    sweep_dir = run_path(Path(runs_dir) / "sweeps", name)
     if not (sweep_dir / MANIFEST).exists():
         known = sorted(p.parent.name for p in (Path(runs_dir) / "sweeps").glob(f"*/{MANIFEST}"))
         raise TiecliError(
             f"no sweep {name!r} in {str(Path(runs_dir) / 'sweeps')!r}; sweeps there: {', '.join(known) or 'none'}"
         )
-    manifest = rundir.read_manifest(sweep_dir / MANIFEST)
+    manifest = read_manifest(sweep_dir / MANIFEST)
     for job in manifest.jobs:
         live = job.state == "running" and (
-            still_active(job.job_id, sweep_dir) or rundir.RunReader(sweep_dir / job.run_dir).in_use()
+            still_active(job.job_id, sweep_dir) or RunReader(sweep_dir / job.run_dir).in_use()
         )
         job.state = "running" if live else current_state(job, sweep_dir)
     console.print(jobs_table(manifest.jobs, Watch(sweep_dir)))
     show_counts(console, manifest, sweep_dir)
 
 
-def show_counts(console: Console, manifest: rundir.SweepManifest, sweep_dir: Path) -> dict[str, int]:
+def show_counts(console: Console, manifest: SweepManifest, sweep_dir: Path) -> dict[str, int]:
     """The line that ends a sweep and `--status`: how many jobs are in each state; those counts."""
     counts = {s: sum(j.state == s for j in manifest.jobs) for s in STATE_STYLES}
     console.print(
@@ -61,7 +62,7 @@ def show_counts(console: Console, manifest: rundir.SweepManifest, sweep_dir: Pat
 
 def progress(run_dir: Path) -> dict:
     """Step, losses and where this attempt began (step, time; None unless running), from the run's files."""
-    reader = rundir.RunReader(run_dir)
+    reader = RunReader(run_dir)
     summary = read_live(reader.summary, None)
     rows = read_live(reader.metrics, [])
     step = rows[-1].step if rows else summary.step if summary else 0
@@ -104,7 +105,7 @@ class Watch:
         # (name, attempt) -> [(step, time)]: the first and the latest logged step seen, and when
         self.seen: dict[tuple[str, int], list[tuple[int, float]]] = {}
 
-    def progress(self, job: rundir.SweepJob) -> dict:
+    def progress(self, job: SweepJob) -> dict:
         key = (job.name, job.state, job.attempts)
         if job.state == "running" or key not in self.cache:
             p = progress(self.sweep_dir / job.run_dir)
@@ -129,14 +130,14 @@ class PlainProgress:
         self,
         console: Console,
         watch: Watch,
-        jobs: list[rundir.SweepJob],
+        jobs: list[SweepJob],
         every: float,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.console, self.watch, self.jobs, self.every, self.clock = console, watch, jobs, every, clock
         self.last: dict[tuple[str, int], tuple[float, int]] = {}  # (name, attempt) -> (when last read, the step then)
 
-    def tick(self, running: list[rundir.SweepJob]) -> None:
+    def tick(self, running: list[SweepJob]) -> None:
         now = self.clock()
         for job in running:
             read_at, step = self.last.setdefault((job.name, job.attempts), (now, 0))
@@ -155,7 +156,7 @@ class PlainProgress:
                 )
 
 
-def jobs_table(jobs: list[rundir.SweepJob], watch: Watch) -> Table:
+def jobs_table(jobs: list[SweepJob], watch: Watch) -> Table:
     """The live table (and `--status`'s): a job id column when a cluster launcher gave ids, a GPU column when
     jobs were given GPUs."""
     table = Table(title=f"sweep {watch.sweep_dir.name}")
@@ -174,9 +175,7 @@ def jobs_table(jobs: list[rundir.SweepJob], watch: Watch) -> Table:
     return table
 
 
-def announce(
-    console: Console, job: rundir.SweepJob, jobs: list[rundir.SweepJob], sweep_dir: Path, gpus: str | None
-) -> None:
+def announce(console: Console, job: SweepJob, jobs: list[SweepJob], sweep_dir: Path, gpus: str | None) -> None:
     """Without a terminal (a log file, CI) there is no live table: one line per state change instead."""
     if console.is_terminal:
         return
