@@ -11,8 +11,10 @@ import torch
 from typer.testing import CliRunner
 
 from tests.conftest import TINY
-from tiecli import checkpoint, config, rundir, tokenizer
+from tiecli import checkpoint, rundir, tokenizer
 from tiecli.cli import app
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, to_yaml
 from tiecli.model import GPT, TYING_MODES
 
 transformers = pytest.importorskip("transformers", reason="tiecli[hf] (transformers) is not installed")
@@ -40,14 +42,14 @@ MODE_OVERRIDES = {
 def fake_run(path, mode, *extra):
     """A run directory holding config.yaml and a last.pt with random weights: every parameter, lm_u and
     lm_bias included (zero at init), is non-trivial, so a wrong mapping cannot hide behind a zero."""
-    cfg, _ = config.compose([*SHAPE, *MODE_OVERRIDES.get(mode, [f"tying={mode}"]), *extra])
-    run_config = config.to_config(cfg)
+    cfg, _ = compose([*SHAPE, *MODE_OVERRIDES.get(mode, [f"tying={mode}"]), *extra])
+    run_config = to_config(cfg)
     model = GPT(run_config.model, seed=3)
     with torch.no_grad():
         g = torch.Generator().manual_seed(7)
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    rundir.atomic_write(path / rundir.CONFIG, config.to_yaml(cfg))
+    rundir.atomic_write(path / rundir.CONFIG, to_yaml(cfg))
     rundir.atomic_write(path / rundir.OVERRIDES, "overrides: []\nchoices: {}\n")
     state = {"model": model.state_dict(), "optimizer": {}, "rng": {}, "state": {"step": 5}}
     rundir.atomic_write(path / rundir.CHECKPOINT, checkpoint.to_bytes(state))
@@ -157,7 +159,7 @@ def test_trained_bpe_run_exports_its_tokenizer(tmp_path):
     assert result.exit_code == 0, result.output
     from tiecli.data import load_corpus
 
-    run_config = config.to_config(config.compose(overrides)[0])
+    run_config = to_config(compose(overrides)[0])
     corpus = load_corpus(run_config.data, run_config.tokenizer)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     text = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer"

@@ -9,8 +9,10 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import checkpoint, config, rundir, tokenizer
+from tiecli import checkpoint, rundir, tokenizer
 from tiecli.cli import app
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, TYING_MODES
 from tiecli.sample import Options, draw, encode_prompt, pick, prepare, sample_run
@@ -30,12 +32,12 @@ def one_line_error(result, code, text):
 
 def make_run(path: Path, *overrides: str, weights: bool = True):
     """A run directory whose checkpoint holds a freshly initialised model (seed 1) at step 0: no training needed."""
-    cfg, choices = config.compose([*TINY, *overrides])
-    c = config.to_config(cfg)
+    cfg, choices = compose([*TINY, *overrides])
+    c = to_config(cfg)
     summary = rundir.Summary(
         path.name, "completed", 0, {}, 12, 128, 0, 0, "cpu", "fp32", False, {}, {}, "2026-01-01T00:00:00+00:00"
     )
-    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
+    files = {rundir.CONFIG: to_yaml(cfg), rundir.OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
     model = GPT(c.model, seed=1)
     with rundir.RunWriter.create(path, files, summary, b"") as run:
         if weights:

@@ -15,8 +15,9 @@ from conftest import TINY
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tiecli import config, rundir, sweep
+from tiecli import rundir, sweep
 from tiecli.cli import app
+from tiecli.config.compose import default_config_dir
 
 runner = CliRunner()
 TEXT = "".join(f"line {i}: the quick brown fox jumps over {i % 7} lazy dogs.\n" for i in range(2000))
@@ -383,7 +384,7 @@ def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
     assert [size(999), size(1536), size(2**20 - 1), size(3 * 2**40)] == ["999 B", "1.5 KiB", "1.0 MiB", "3.0 TiB"]
 
 
-@pytest.mark.parametrize("path", sorted((config.default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_study_expands_and_documents_itself(isolated, path):
     result = tiecli("sweep", f"study={path.stem}", "--dry-run", "--no-estimate")
     assert result.exit_code == 0 and result.output.splitlines()[-1].startswith("total: "), result.output

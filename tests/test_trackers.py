@@ -11,8 +11,9 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import config, rundir, trackers
+from tiecli import rundir, trackers
 from tiecli.cli import app
+from tiecli.config.compose import compose, to_yaml
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("wandb", reason="the wandb extra is not installed")
@@ -137,11 +138,11 @@ def test_trackers_mirror_the_run_directory(tmp_path):
 
 def make_run(path: Path, *overrides: str) -> rundir.RunWriter:
     """A run directory with a config and a summary, no training: what RunWriter sends its trackers is under test."""
-    cfg, choices = config.compose([*TINY, *overrides])
+    cfg, choices = compose([*TINY, *overrides])
     summary = rundir.Summary(
         path.name, "running", 0, {}, 12, 128, 0, 0, "cpu", "fp32", False, {}, {}, "2026-01-01T00:00:00+00:00"
     )
-    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
+    files = {rundir.CONFIG: to_yaml(cfg), rundir.OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
     return rundir.RunWriter.create(path, files, summary, b"")
 
 

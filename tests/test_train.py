@@ -5,7 +5,9 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import config, rundir, train
+from tiecli import rundir, train
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import TiecliError
 
 # The originals, to put back mid-test (monkeypatch.undo() would also undo conftest's cache and folder).
@@ -15,9 +17,9 @@ GET_BATCH, EVALUATE = train.get_batch, train.evaluate
 def setup(*overrides):
     """TINY with the overrides (which replace TINY's values of the same keys): the Config and the run's files."""
     keys = {o.split("=", 1)[0] for o in overrides}
-    cfg, choices = config.compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
-    files = {rundir.CONFIG: config.to_yaml(cfg), rundir.OVERRIDES: "overrides: []\n"}
-    return config.to_config(cfg), files
+    cfg, choices = compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
+    files = {rundir.CONFIG: to_yaml(cfg), rundir.OVERRIDES: "overrides: []\n"}
+    return to_config(cfg), files
 
 
 def metrics(run_dir):

@@ -215,8 +215,9 @@ def train(
     """
     overrides = list(overrides or [])
     with user_errors():
-        from tiecli import config, distributed
+        from tiecli import distributed
         from tiecli import resume as resuming
+        from tiecli.config.checks import to_config
 
         runs_dir, name = run_place(overrides, resume, runs_dir, name, multirun)
 
@@ -228,7 +229,7 @@ def train(
         if nproc is not None and not distributed.launched():  # check everything once, then start the ranks
             path, cfg, _ = plan()
             if path is not None:
-                distributed.rank_shape(config.to_config(cfg).train, nproc)
+                distributed.rank_shape(to_config(cfg).train, nproc)
                 args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
                 raise typer.Exit(start_ranks(nproc, args, resume, config_dir))
             return
@@ -236,7 +237,7 @@ def train(
             path, cfg, files = distributed.from_rank0(plan)  # rank 0 plans; a refusal is every rank's
             if path is None:
                 return
-            run_config = config.to_config(cfg)
+            run_config = to_config(cfg)
             summary = run_training(run_config, path, resume, files, config_dir)
         if summary is not None:  # None on ranks other than 0: rank 0 reports
             show_trained(path, summary, run_config)
@@ -306,18 +307,19 @@ def show_trained(path: Path, summary, run_config) -> None:
 
 def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
     """The path, config and files of a new run; refuses a name taken by a run worth keeping."""
-    from tiecli import config
+    from tiecli.config.compose import compose, to_yaml
+    from tiecli.config.naming import check_name, run_name
 
-    cfg, choices = config.compose(overrides, config_dir)
-    path = rundir.run_path(runs_dir, name if name is not None else config.run_name(choices, cfg, overrides))
+    cfg, choices = compose(overrides, config_dir)
+    path = rundir.run_path(runs_dir, name if name is not None else run_name(choices, cfg, overrides))
     if name is not None:  # after run_path's checks (length, leaving runs_dir); --resume takes older names as they are
-        config.check_name(name)
+        check_name(name)
     if rundir.is_run_dir(path) and not rundir.discard_unstarted(path):
         raise TiecliError(
             f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one"
         )
     files = {
-        rundir.CONFIG: config.to_yaml(cfg),
+        rundir.CONFIG: to_yaml(cfg),
         rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
     }
     return path, cfg, files
@@ -375,10 +377,11 @@ def info(
     Example: tiecli info model=gpt2 tokenizer=gpt2 tying=tied
     """
     with user_errors():
-        from tiecli import config
+        from tiecli.config.checks import to_config
+        from tiecli.config.compose import compose, to_yaml
 
-        cfg, choices = config.compose(overrides or [], config_dir)
-        run_config = config.to_config(cfg)
+        cfg, choices = compose(overrides or [], config_dir)
+        run_config = to_config(cfg)
         from tiecli.model import count_params
 
         counts = count_params(run_config.model)
@@ -390,7 +393,7 @@ def info(
                 )
             )
             return
-        console.print(config.to_yaml(cfg), highlight=False, markup=False)
+        console.print(to_yaml(cfg), highlight=False, markup=False)
         console.print(display.params_table(counts, f"parameters ({', '.join(f'{k}={v}' for k, v in choices.items())})"))
 
 
@@ -624,11 +627,13 @@ def show_samples(results) -> None:
 
 def load_run_config(run: Path):
     """A run directory's config.yaml as a checked Config."""
-    from tiecli import config
+    from tiecli.config.compose import from_run
 
     if not rundir.is_run_dir(run):
         raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
-    return config.from_dict(rundir.RunReader(run).config(), run)
+    reader = rundir.RunReader(run)
+    stored = reader.config()
+    return from_run(stored, reader.overrides().get("choices", {}), run / rundir.CONFIG)
 
 
 def find_run(run: Path, runs_dir: Path) -> Path:

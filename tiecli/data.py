@@ -37,7 +37,7 @@ import tiktoken
 import torch
 
 from tiecli import tokenizer
-from tiecli.config import DataConfig, TokenizerConfig
+from tiecli.config.schema import DataConfig, TokenizerConfig
 from tiecli.errors import ConfigError, TiecliError
 
 SPLITS = ("train", "val", "test")

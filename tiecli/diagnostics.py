@@ -64,7 +64,8 @@ import tiktoken
 import torch
 
 from tiecli import checkpoint, distributed, geometry, rundir, tokenizer
-from tiecli.config import Config, default_config_dir
+from tiecli.config.compose import default_config_dir
+from tiecli.config.schema import Config
 from tiecli.data import BUCKETS, load_corpus
 from tiecli.errors import TiecliError
 from tiecli.model import Embeddings

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from tiecli import launchers
-from tiecli.config import TrainConfig
+from tiecli.config.schema import TrainConfig
 from tiecli.errors import ConfigError, TiecliError
 
 # How long a rank waits in a collective before giving up: long enough for rank 0's final

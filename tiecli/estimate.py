@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.model import GPT
 from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
 from tiecli.train import make_optimizer

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from tiecli import checkpoint, rundir
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.data import BUCKETS, Corpus, eval_windows, load_corpus
 from tiecli.model import GPT
 from tiecli.rundir import EvalResult, RunWriter

@@ -30,7 +30,7 @@ from tiecli import rundir
 from tiecli.errors import ConfigError, TiecliError
 
 if TYPE_CHECKING:  # a submitit job imports this module to run run_job: it needs neither torch nor Hydra
-    from tiecli import config
+    from tiecli.config.schema import LauncherConfig
 
 LAUNCHERS = ("basic", "submitit_local", "submitit_slurm")
 CLUSTER_EXTRA = "pip install 'tiecli[cluster]'"
@@ -266,7 +266,7 @@ class Basic:
 class Submitit:
     """Jobs through submitit: `cluster` local (a controller process per job) or slurm (one job array per submission)."""
 
-    def __init__(self, name: str, folder: Path, settings: "config.LauncherConfig", gpus_per_job: int | None):
+    def __init__(self, name: str, folder: Path, settings: "LauncherConfig", gpus_per_job: int | None):
         self.submitit = import_submitit(name)
         self.name, self.all_at_once = name, name == "submitit_slurm"
         if self.all_at_once:
@@ -314,7 +314,7 @@ class Submitit:
                 os.kill(int(job.job_id), signal.SIGTERM)
 
 
-def make(name: str, sweep_dir: Path, settings: "config.LauncherConfig", gpus_per_job: int | None):
+def make(name: str, sweep_dir: Path, settings: "LauncherConfig", gpus_per_job: int | None):
     """The launcher called `name`; submitit's are refused in one line when submitit or SLURM is missing."""
     if name == "basic":
         return Basic()
@@ -335,7 +335,7 @@ def _which(program: str) -> bool:
     return any(os.access(Path(d) / program, os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
 
 
-def slurm_parameters(settings: "config.LauncherConfig", sweep_name: str, gpus_per_job: int | None) -> dict:
+def slurm_parameters(settings: "LauncherConfig", sweep_name: str, gpus_per_job: int | None) -> dict:
     """launcher.slurm.* as submitit's SlurmExecutor parameters (each becomes an #SBATCH line)."""
     s = settings.slurm
     assert s is not None

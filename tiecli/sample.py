@@ -22,7 +22,8 @@ import tiktoken
 import torch
 
 from tiecli import checkpoint, rundir
-from tiecli.config import SEED_LIMIT, Config
+from tiecli.config.checks import SEED_LIMIT
+from tiecli.config.schema import Config
 from tiecli.data import load_corpus
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPT, KVCache

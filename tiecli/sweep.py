@@ -6,7 +6,7 @@ runs/sweeps/<name>/
                  atomically after each change, so it is true whenever the sweep stops
   logs/<job>.log each job's stdout and stderr, every attempt appended (a job that fails before it
                  creates its run directory still has something to say)
-  <job>/         each job's run directory, named by config.run_name, written by `tiecli train`
+  <job>/         each job's run directory, named by tiecli.config.naming.run_name, written by `tiecli train`
   .lock          held (flock) by the sweep while it runs: one sweep at a time per folder
 
 A job's run_dir and log in sweep.json are relative to the sweep folder, so the folder can move.
@@ -40,13 +40,17 @@ from rich.console import Console, JustifyMethod
 from rich.live import Live
 from rich.table import Table
 
-from tiecli import config, launchers, rundir
+from tiecli import launchers, rundir
+from tiecli.config.checks import to_config
+from tiecli.config.compose import check_unique, compose, compose_launcher, config_dirs, group_options, parse_overrides
+from tiecli.config.naming import NAME_CHARS, run_name
+from tiecli.config.schema import GROUPS, Config, LauncherConfig
 from tiecli.display import PLAIN_EVERY_S, duration, num
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import count_params
 
 MANIFEST = "sweep.json"
-SAFE_NAME = re.compile(f"[{config.NAME_CHARS}]+")
+SAFE_NAME = re.compile(f"[{NAME_CHARS}]+")
 SAFE_VALUE = re.compile(r"[A-Za-z0-9._]+")  # a value shown as is in a default name: '-' separates them there
 NAME_LENGTH = 40
 JOB_NAME_LENGTH = 56  # "[12/24] NAME: completed at step 500" and the live table's row fit 80 columns
@@ -68,9 +72,7 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
     `when` rules and the rest the manifest keeps: `add` (more values of an axis for some jobs) and `families`."""
     path = next((d / "study" / f"{name}.yaml" for d in dirs if (d / "study" / f"{name}.yaml").is_file()), None)
     if path is None:
-        raise ConfigError(
-            f"unknown study {name!r}; valid studies: {', '.join(config.group_options('study', dirs)) or 'none'}"
-        )
+        raise ConfigError(f"unknown study {name!r}; valid studies: {', '.join(group_options('study', dirs)) or 'none'}")
     try:
         study = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -89,7 +91,7 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
     lines = [f"{k}={','.join(map(_value, v)) if isinstance(v, list) else _value(v)}" for k, v in axes.items()]
     lines += [f"{k}={_value(v)}" for k, v in fixed.items()]
     for line in lines[len(axes) :]:
-        if any(o.is_sweep_override() for o in config.parse_overrides([line])):
+        if any(o.is_sweep_override() for o in parse_overrides([line])):
             raise ConfigError(f"study {name!r}: fixed setting {line!r} has several values; move it under axes")
     extra: dict = {"add": _additions(name, study.get("add") or [], axes)}
     if study.get("families") is not None:
@@ -165,7 +167,7 @@ def _rules(name: str, when, axes: dict, fixed: dict) -> list[dict]:
         for key in rule["set"]:
             if key in axes or key in fixed:
                 raise ConfigError(f"{where}: sets {key!r}, which the study already sweeps or fixes")
-        if any(o.is_sweep_override() for o in config.parse_overrides(settings)):
+        if any(o.is_sweep_override() for o in parse_overrides(settings)):
             raise ConfigError(f"{where}: a rule sets one value per key; {settings} has several")
         rules.append({"match": match, "set": settings})
     return rules
@@ -226,8 +228,8 @@ def expand(overrides: list[str], dirs: list[Path]) -> tuple[dict | None, list[tu
 
     Command-line overrides replace a study's axis or setting with the same key, in its place.
     """
-    parsed = config.parse_overrides(overrides)
-    config.check_unique(parsed, "on the command line")
+    parsed = parse_overrides(overrides)
+    check_unique(parsed, "on the command line")
     study = next((o for o in parsed if o.key_or_group == "study"), None)
     if study is not None and study.is_sweep_override():
         raise ConfigError(f"{study.input_line!r}: run one study at a time")
@@ -236,8 +238,8 @@ def expand(overrides: list[str], dirs: list[Path]) -> tuple[dict | None, list[tu
     if study is not None:
         about = {"name": str(study.value())}
         about["description"], study_lines, rules, extra = load_study(about["name"], dirs)
-        study_overrides = config.parse_overrides(study_lines)
-        config.check_unique(study_overrides, f"in study {about['name']!r}")
+        study_overrides = parse_overrides(study_lines)
+        check_unique(study_overrides, f"in study {about['name']!r}")
         entries = {o.key_or_group: o for o in study_overrides}
         given = {o.key_or_group for o in parsed}  # a setting on the command line wins over a rule's
         rules = [{**r, "set": [line for line in r["set"] if line.split("=", 1)[0] not in given]} for r in rules]
@@ -260,15 +262,13 @@ def _lines(o, dirs: list[Path]) -> list[str]:
     if not o.is_discrete_sweep():
         raise ConfigError(f"{o.input_line!r} is not a list of values; use a,b,c, range(start,stop[,step]) or glob(...)")
     # glob() asks a config loader for the group's options; tiecli's own listing covers --config-dir too.
-    o.config_loader = SimpleNamespace(
-        get_group_options=lambda group, results_filter=None: config.group_options(group, dirs)
-    )
+    o.config_loader = SimpleNamespace(get_group_options=lambda group, results_filter=None: group_options(group, dirs))
     values = list(o.sweep_string_iterator())
     if not values:
         where = (
-            f"the {o.key_or_group} options: {', '.join(config.group_options(o.key_or_group, dirs))}"
-            if o.key_or_group in config.GROUPS
-            else f"a config group ({', '.join(config.GROUPS)})"
+            f"the {o.key_or_group} options: {', '.join(group_options(o.key_or_group, dirs))}"
+            if o.key_or_group in GROUPS
+            else f"a config group ({', '.join(GROUPS)})"
         )
         raise ConfigError(f"{o.input_line!r} gives no values; glob() matches against {where}")
     return [f"{o.get_key_element()}={v}" for v in values]
@@ -294,13 +294,13 @@ def default_name(study: str | None, axes: list[tuple[str, list[str]]]) -> str:
     if plain and len(set(shorts)) == len(shorts) and SAFE_NAME.fullmatch(name) and len(name) <= NAME_LENGTH:
         return name
     digest = hashlib.sha256(json.dumps([study, axes]).encode()).hexdigest()[:8]
-    stem = re.sub(f"[^{config.NAME_CHARS}]", "_", "-".join(study_part + shorts))
+    stem = re.sub(f"[^{NAME_CHARS}]", "_", "-".join(study_part + shorts))
     return f"{stem[: NAME_LENGTH - 9]}-{digest}" if stem else digest
 
 
 def plan(
     overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None, options: list[str] | None = None
-) -> tuple[Path, rundir.SweepManifest, dict[str, config.Config]]:
+) -> tuple[Path, rundir.SweepManifest, dict[str, Config]]:
     """The sweep folder, its manifest and each job's checked Config (by job name); every job is composed first.
 
     launcher.* overrides configure the launcher, not the jobs: they and `options` (--launcher, --jobs, ...)
@@ -308,18 +308,18 @@ def plan(
     """
     if name is not None:
         check_name(name)
-    dirs = config.config_dirs(config_dir)
+    dirs = config_dirs(config_dir)
     job_overrides = split_launcher_overrides(overrides)[0]
     study, entries = expand(job_overrides, dirs)
     composed = []
     for combo in combinations(entries, (study or {}).get("add", [])):
         job = apply_rules(list(combo), (study or {}).get("when", []))
-        composed.append((job, *config.compose(job, config_dir)))
+        composed.append((job, *compose(job, config_dir)))
     shared = set.intersection(*(set(job) for job, _, _ in composed))
     jobs, configs = [], {}
     for job, cfg, choices in composed:
         job_name = _job_name(choices, cfg, [line for line in job if line not in shared])
-        configs[job_name] = config.to_config(cfg)  # a bad value in any job stops the sweep before anything runs
+        configs[job_name] = to_config(cfg)  # a bad value in any job stops the sweep before anything runs
         jobs.append(rundir.SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
     names = [j.name for j in jobs]
     twice = next((n for n in names if names.count(n) > 1), None)
@@ -327,7 +327,7 @@ def plan(
         raise ConfigError(f"two jobs would share the run directory {twice!r}; a value is repeated in the sweep")
 
     values = {key: [line.split("=", 1)[1] for line in lines] for key, lines in entries}
-    given = [o.key_or_group for o in config.parse_overrides(job_overrides) if o.key_or_group != "study"]
+    given = [o.key_or_group for o in parse_overrides(job_overrides) if o.key_or_group != "study"]
     sweep_name = name or default_name(study["name"] if study else None, [(key, values[key]) for key in given])
     sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", sweep_name)
     command = ["tiecli", "sweep", *overrides, "--name", sweep_name, "--runs-dir", str(runs_dir)]
@@ -351,12 +351,12 @@ def plan(
 
 
 def _job_name(choices: dict[str, str], cfg, varying: list[str]) -> str:
-    """config.run_name from the overrides that tell this job from the sweep's others (those every job
+    """run_name from the overrides that tell this job from the sweep's others (those every job
     shares would add the same hash to every name); those that run_name would hash are written out
     instead (train.lr=1e-3 -> lr1e-3) when that fits JOB_NAME_LENGTH, names apart and needs no quoting."""
-    base = config.run_name(choices, cfg, [])
-    hashed = config.run_name(choices, cfg, varying)
-    extras = [line for line in varying if config.run_name(choices, cfg, [line]) != base]
+    base = run_name(choices, cfg, [])
+    hashed = run_name(choices, cfg, varying)
+    extras = [line for line in varying if run_name(choices, cfg, [line]) != base]
     if not extras:
         return hashed
     keys = [line.split("=", 1)[0].lstrip("+~").rsplit(".", 1)[-1] for line in extras]
@@ -367,8 +367,8 @@ def _job_name(choices: dict[str, str], cfg, varying: list[str]) -> str:
 
 
 def _keep_old_names(
-    old: rundir.SweepManifest, new: rundir.SweepManifest, configs: dict[str, config.Config]
-) -> tuple[rundir.SweepManifest, dict[str, config.Config]]:
+    old: rundir.SweepManifest, new: rundir.SweepManifest, configs: dict[str, Config]
+) -> tuple[rundir.SweepManifest, dict[str, Config]]:
     """A job already in the manifest keeps its name and folder (a sweep named before the shared hash was
     dropped, or one whose shared overrides changed with the jobs added): the same overrides, the same run."""
     by_overrides = {tuple(sorted(j.overrides)): j for j in old.jobs}
@@ -421,7 +421,7 @@ class Launch:
     """How the jobs run: `--launcher` and its settings (conf/launcher/NAME.yaml), `--jobs`, `--gpus-per-job`."""
 
     name: str
-    settings: config.LauncherConfig
+    settings: LauncherConfig
     parallel: int = 1
     gpus_per_job: int | None = None
     gpus: list[str] = dataclasses.field(default_factory=list)  # this machine's, for basic and submitit_local
@@ -449,7 +449,7 @@ def run(
 
     Without a terminal, each running job gets a progress line at most every `every` seconds.
     """
-    launch = launch or Launch("basic", config.compose_launcher("basic", [], None), parallel)
+    launch = launch or Launch("basic", compose_launcher("basic", [], None), parallel)
     launcher = launchers.make(launch.name, sweep_dir, launch.settings, launch.gpus_per_job)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # Two sweeps training the same runs would corrupt them. A lock, not a pid in the manifest: the OS
@@ -909,7 +909,7 @@ def _shown(path: Path) -> Path:
         return path
 
 
-def job_size(cfg: config.Config) -> dict:
+def job_size(cfg: Config) -> dict:
     """What one job does and the disk it fills: steps, tokens, evaluations, warmup steps, parameters and bytes.
 
     The checkpoint holds the weights and AdamW's two moments; each snapshot (diag.snapshots, at step 0 and
@@ -953,7 +953,7 @@ def launch_options(
             f"--jobs {jobs} runs jobs at once on this machine; a SLURM job array runs "
             "launcher.slurm.array_parallelism of them at once: set that instead"
         )
-    settings = config.compose_launcher(name, split_launcher_overrides(overrides)[1], config_dir)
+    settings = compose_launcher(name, split_launcher_overrides(overrides)[1], config_dir)
     gpus = [] if name == "submitit_slurm" else launchers.visible_gpus()  # SLURM hands each job its own
     if name != "submitit_slurm" and (gpus or gpus_per_job):
         launchers.check_gpus(gpus, gpus_per_job or 1, jobs or 1)  # refuses more GPUs a job than there are
@@ -970,7 +970,7 @@ def launch_command(launch: Launch, jobs: int | None) -> list[str]:
 def dry_run_lines(
     sweep_dir: Path,
     manifest: rundir.SweepManifest,
-    configs: dict[str, config.Config],
+    configs: dict[str, Config],
     launch: Launch | None = None,
     timed: bool = False,
     console: Console | None = None,
@@ -1012,7 +1012,7 @@ def dry_run_lines(
 
 
 def estimate_lines(
-    configs: dict[str, config.Config], done_steps: dict[str, int], launch: Launch | None, console: Console | None
+    configs: dict[str, Config], done_steps: dict[str, int], launch: Launch | None, console: Console | None
 ) -> list[str]:
     """The sweep's wall time: a few steps of each model size timed here, then the jobs scheduled on the slots
     the launcher runs at once (GPUs here, the SLURM array's parallelism; on a CPU the jobs share its cores)."""
@@ -1032,7 +1032,7 @@ def estimate_lines(
                 f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
             )
     seconds = [estimate.job_seconds(c, paces[estimate.size_key(c)], done_steps[n]) for n, c in configs.items()]
-    launch = launch or Launch("basic", config.LauncherConfig(), 1)
+    launch = launch or Launch("basic", LauncherConfig(), 1)
     if launch.name == "submitit_slurm":
         assert launch.settings.slurm is not None
         slots, how = (

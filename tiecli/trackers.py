@@ -179,12 +179,12 @@ def projector(writer, run: Path, config: dict, limit: int | None, step: int) -> 
     import numpy as np
 
     from tiecli import checkpoint
-    from tiecli import config as configs
+    from tiecli.config.compose import from_run
     from tiecli.data import load_corpus
-    from tiecli.rundir import RunReader
+    from tiecli.rundir import CONFIG, RunReader
     from tiecli.tokenizer import token_strings
 
-    c = configs.from_dict(config, run)
+    c = from_run(config, RunReader(run).overrides().get("choices", {}), run / CONFIG)
     ckpt = RunReader(run).checkpoint()
     emb = checkpoint.embeddings_of(ckpt, c.model, run.name)
     corpus = load_corpus(c.data, c.tokenizer)

@@ -24,7 +24,7 @@ from rich.console import Console
 import tiecli
 from tiecli import baselines, checkpoint, diagnostics, distributed, rundir
 from tiecli import resume as resuming
-from tiecli.config import Config, TrainConfig
+from tiecli.config.schema import Config, TrainConfig
 from tiecli.data import Corpus, StepBatches, get_batch, load_corpus
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
