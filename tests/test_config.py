@@ -14,6 +14,7 @@ from tiecli.config.schema import (
     DataConfig,
     DiagConfig,
     EvalConfig,
+    LocalLauncher,
     ModelShape,
     Settings,
     TokenizerConfig,
@@ -382,3 +383,53 @@ def test_resume_may_change_what_measures_a_run_not_what_trains_it():
             "train.evals, train.eval_batches, train.log_interval, train.checkpoint_interval, "
             "train.checkpoints, eval.test and diag.* keys (start a new run with another --name)"
         )  # no logger.*: no such key
+
+
+def test_check_name_for_a_sweep_refuses_nesting_with_its_own_words():
+    naming.check_name("micro_lr-sweep.2", sweep=True)
+    for name in ("a/b", "", "a b"):
+        with pytest.raises(ConfigError, match=r"^--name .* may only hold letters, digits, '\.', '_' and '-'$"):
+            naming.check_name(name, sweep=True)
+
+
+def test_a_launcher_of_ones_own_in_config_dir_runs_as_the_kind_its_keys_say(isolated):
+    """conf/launcher/ is the one list of launchers: a file added through --config-dir is one (it was refused),
+    run by the launcher whose keys it has: slurm: keys submit to SLURM, local: keys run here."""
+    from conftest import TINY
+
+    from tiecli import sweep
+    from tiecli.cli import app
+
+    mine = isolated / "mine" / "launcher"
+    mine.mkdir(parents=True)
+    slurm = (default_config_dir() / "launcher" / "submitit_slurm.yaml").read_text()
+    (mine / "a100.yaml").write_text(slurm.replace("partition: null", "partition: a100"))
+    (mine / "four_threads.yaml").write_text("local:\n  threads_per_job: 4\n")
+    args = ["sweep", *TINY, "seed=0,1", "--launcher", "a100", "--config-dir", "mine", "--dry-run", "--no-estimate"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "submitit_slurm: the 2 job(s) to run go to SLURM as one array with" in result.output.splitlines()
+    assert "#SBATCH --partition=a100" in {line.strip() for line in result.output.splitlines()}
+    own = sweep.launch_options("four_threads", [], isolated / "mine", None, None)
+    assert (own.name, own.settings.kind, own.settings.local) == (
+        "four_threads",
+        "basic",
+        LocalLauncher(threads_per_job=4),
+    )
+    kinds = {
+        name: sweep.launch_options(name, [], None, None, None).settings.kind for name in ("basic", "submitit_local")
+    }
+    assert kinds == {"basic": "basic", "submitit_local": "submitit_local"}
+
+
+def test_a_launcher_file_is_refused_in_one_line_when_its_kind_cannot_run(isolated):
+    from tiecli.config.compose import compose_launcher
+
+    mine = isolated / "mine" / "launcher"
+    mine.mkdir(parents=True)
+    (mine / "both.yaml").write_text("local:\n  threads_per_job: 1\nslurm:\n  time: 5\n")
+    with pytest.raises(ConfigError, match=r"both\.yaml' has keys local, slurm; a launcher file has local: keys"):
+        compose_launcher("both", [], isolated / "mine")
+    # submitit's local executor needs its time limit and warning (it failed on an assert when they were null)
+    with pytest.raises(ConfigError, match=r"^launcher.local.timeout_min and signal_delay_s are submitit's time limit"):
+        compose_launcher("submitit_local", ["launcher.local.timeout_min=null"])

@@ -32,7 +32,6 @@ from tiecli.errors import ConfigError, TiecliError
 if TYPE_CHECKING:  # a submitit job imports this module to run run_job: it needs neither torch nor Hydra
     from tiecli.config.schema import LauncherConfig
 
-LAUNCHERS = ("basic", "submitit_local", "submitit_slurm")
 CLUSTER_EXTRA = "pip install 'tiecli[cluster]'"
 SUBMITIT_FOLDER = "submitit"  # inside the sweep folder: submitit's pickles and its own logs, per job id
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -268,7 +267,7 @@ class Submitit:
 
     def __init__(self, name: str, folder: Path, settings: "LauncherConfig", gpus_per_job: int | None):
         self.submitit = import_submitit(name)
-        self.name, self.all_at_once = name, name == "submitit_slurm"
+        self.name, self.all_at_once = name, settings.kind == "submitit_slurm"
         if self.all_at_once:
             if not (_which("sbatch") and _which("srun")):
                 raise TiecliError(
@@ -315,8 +314,8 @@ class Submitit:
 
 
 def make(name: str, sweep_dir: Path, settings: "LauncherConfig", gpus_per_job: int | None):
-    """The launcher called `name`; submitit's are refused in one line when submitit or SLURM is missing."""
-    if name == "basic":
+    """The launcher called `name` (of settings.kind); submitit's are refused in one line when submitit or SLURM is missing."""
+    if settings.kind == "basic":
         return Basic()
     return Submitit(name, sweep_dir / SUBMITIT_FOLDER, settings, gpus_per_job)
 

@@ -43,7 +43,7 @@ from rich.table import Table
 from tiecli import launchers, rundir
 from tiecli.config.checks import to_config
 from tiecli.config.compose import check_unique, compose, compose_launcher, config_dirs, group_options, parse_overrides
-from tiecli.config.naming import NAME_CHARS, run_name
+from tiecli.config.naming import NAME_CHARS, check_name, run_name
 from tiecli.config.schema import GROUPS, Config, LauncherConfig
 from tiecli.display import PLAIN_EVERY_S, duration, num
 from tiecli.errors import ConfigError, TiecliError
@@ -274,12 +274,6 @@ def _lines(o, dirs: list[Path]) -> list[str]:
     return [f"{o.get_key_element()}={v}" for v in values]
 
 
-def check_name(name: str) -> None:
-    """--name: letters, digits, '.', '_' and '-' only, so the folder can be typed in any shell as is."""
-    if not SAFE_NAME.fullmatch(name):
-        raise ConfigError(f"--name {name!r} may only hold letters, digits, '.', '_' and '-'")
-
-
 def default_name(study: str | None, axes: list[tuple[str, list[str]]]) -> str:
     """A shell-safe name (NAME_CHARS, at most NAME_LENGTH characters) for a study and the command line's (key, values).
 
@@ -307,7 +301,7 @@ def plan(
     only join the command recorded to run the sweep again. Writes nothing.
     """
     if name is not None:
-        check_name(name)
+        check_name(name, sweep=True)
     dirs = config_dirs(config_dir)
     job_overrides = split_launcher_overrides(overrides)[0]
     study, entries = expand(job_overrides, dirs)
@@ -468,7 +462,7 @@ class Starter:
         self.sweep_dir, self.manifest, self.launch = sweep_dir.resolve(), manifest, launch
         self.pool, self.threads, self.nproc = None, None, launch.gpus_per_job or 1
         local = launch.settings.local
-        if launch.name == "submitit_slurm":  # SLURM hands each job its GPUs
+        if launch.settings.kind == "submitit_slurm":  # SLURM hands each job its GPUs
             slurm = launchers.slurm_parameters(launch.settings, manifest.name, launch.gpus_per_job)
             self.nproc = max(1, slurm.get("gpus_per_node", 1))
             return
@@ -878,7 +872,7 @@ def jobs_table(jobs: list[rundir.SweepJob], watch: Watch) -> Table:
 def show_status(runs_dir: Path, name: str, console: Console) -> None:
     """`tiecli sweep --status NAME`: the jobs table and the counts, from sweep.json, the run directories and the
     launcher's view of jobs still queued or running; submits and writes nothing."""
-    check_name(name)
+    check_name(name, sweep=True)
     sweep_dir = rundir.run_path(Path(runs_dir) / "sweeps", name)
     if not (sweep_dir / MANIFEST).exists():
         known = sorted(p.parent.name for p in (Path(runs_dir) / "sweeps").glob(f"*/{MANIFEST}"))
@@ -946,16 +940,14 @@ def launch_options(
     name: str, overrides: list[str], config_dir: Path | None, jobs: int | None, gpus_per_job: int | None
 ) -> Launch:
     """--launcher NAME with conf/launcher/NAME.yaml and the command line's launcher.* overrides, checked."""
-    if name not in launchers.LAUNCHERS:
-        raise ConfigError(f"unknown --launcher {name!r}; valid launchers: {', '.join(launchers.LAUNCHERS)}")
-    if name == "submitit_slurm" and jobs is not None:
+    settings = compose_launcher(name, split_launcher_overrides(overrides)[1], config_dir)
+    if settings.kind == "submitit_slurm" and jobs is not None:
         raise ConfigError(
             f"--jobs {jobs} runs jobs at once on this machine; a SLURM job array runs "
             "launcher.slurm.array_parallelism of them at once: set that instead"
         )
-    settings = compose_launcher(name, split_launcher_overrides(overrides)[1], config_dir)
-    gpus = [] if name == "submitit_slurm" else launchers.visible_gpus()  # SLURM hands each job its own
-    if name != "submitit_slurm" and (gpus or gpus_per_job):
+    gpus = [] if settings.kind == "submitit_slurm" else launchers.visible_gpus()  # SLURM hands each job its own
+    if settings.kind != "submitit_slurm" and (gpus or gpus_per_job):
         launchers.check_gpus(gpus, gpus_per_job or 1, jobs or 1)  # refuses more GPUs a job than there are
     return Launch(name, settings, jobs or 1, gpus_per_job, gpus)
 
@@ -1001,7 +993,7 @@ def dry_run_lines(
         )
     steps, tokens, disk = (sum(s[key] for s in sizes) for key in ("steps", "tokens", "disk"))
     lines.append(f"total: {len(sizes)} job(s), {steps:,} steps, {tokens:,} tokens, disk {size_text(disk)}")
-    if launch and launch.name == "submitit_slurm":
+    if launch and launch.settings.kind == "submitit_slurm":
         params = launchers.slurm_parameters(launch.settings, manifest.name, launch.gpus_per_job)
         folder = sweep_dir.resolve() / launchers.SUBMITIT_FOLDER
         lines.append(f"submitit_slurm: the {len(left)} job(s) to run go to SLURM as one array with")
@@ -1032,8 +1024,8 @@ def estimate_lines(
                 f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
             )
     seconds = [estimate.job_seconds(c, paces[estimate.size_key(c)], done_steps[n]) for n, c in configs.items()]
-    launch = launch or Launch("basic", LauncherConfig(), 1)
-    if launch.name == "submitit_slurm":
+    launch = launch or Launch("basic", LauncherConfig("basic"), 1)
+    if launch.settings.kind == "submitit_slurm":
         assert launch.settings.slurm is not None
         slots, how = (
             launch.settings.slurm.array_parallelism,

@@ -194,6 +194,10 @@ def validate_launcher(c: LauncherConfig) -> None:
         )
         _need(lo.timeout_min is None or lo.timeout_min > 0, f"launcher.local.timeout_min={lo.timeout_min} must be > 0")
         _need(lo.signal_delay_s is None or lo.signal_delay_s >= 0, "launcher.local.signal_delay_s must be >= 0")
+        _need(
+            c.kind != "submitit_local" or None not in (lo.timeout_min, lo.signal_delay_s),
+            "launcher.local.timeout_min and signal_delay_s are submitit's time limit and its warning before it: give both",
+        )
     if c.slurm is not None:
         s = c.slurm
         for key in ("time", "array_parallelism"):

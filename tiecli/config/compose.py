@@ -242,6 +242,7 @@ def compose_launcher(name: str, overrides: list[str], config_dir: Path | None = 
         raise ConfigError(f"unknown --launcher {name!r}; valid launchers: {', '.join(options)}")
     path = next(d / "launcher" / f"{name}.yaml" for d in dirs if (d / "launcher" / f"{name}.yaml").is_file())
     file = OmegaConf.create({"launcher": _read_yaml(path)})
+    kind = _launcher_kind(file.launcher, path)
     parsed = parse_overrides(overrides)
     check_unique(parsed, "on the command line")
     for o in parsed:
@@ -250,7 +251,7 @@ def compose_launcher(name: str, overrides: list[str], config_dir: Path | None = 
         _check_key(file, o.key_or_group)
         OmegaConf.update(file, o.key_or_group, o.value(), merge=False)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(LauncherConfig), file.launcher)
+        merged = OmegaConf.merge(OmegaConf.structured(LauncherConfig), file.launcher, {"kind": kind})
         launcher = typing.cast(LauncherConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
         hint: typing.Any = LauncherConfig
@@ -261,6 +262,22 @@ def compose_launcher(name: str, overrides: list[str], config_dir: Path | None = 
         ) from None
     validate_launcher(launcher)
     return launcher
+
+
+def _launcher_kind(file: DictConfig, path: Path) -> str:
+    """Which launcher runs the jobs of a conf/launcher file, by the keys it has, as tiecli's own three files differ:
+    slurm: keys submit to SLURM, local: keys with a time limit (timeout_min) go through submitit, other local: keys
+    are subprocesses of the sweep."""
+    keys = sorted(typing.cast(set[str], set(file.keys())))
+    if keys == ["slurm"]:
+        return "submitit_slurm"
+    if keys == ["local"]:
+        local = file.local
+        return "submitit_local" if isinstance(local, DictConfig) and "timeout_min" in local else "basic"
+    raise ConfigError(
+        f"{str(path)!r} has keys {', '.join(keys) or 'none'}; a launcher file has local: keys "
+        "(basic, submitit_local) or slurm: keys (submitit_slurm), as tiecli's conf/launcher/ files"
+    )
 
 
 def _read_yaml(path: Path) -> dict:

@@ -1,4 +1,4 @@
-"""Names: a run's default name from its config, and the check of a name the user gives (--name)."""
+"""Names: a run's default name from its config, and the one check of a name the user gives (train's and sweep's --name)."""
 
 import hashlib
 import re
@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from tiecli.config.compose import parse_overrides
 from tiecli.config.schema import GROUPS
-from tiecli.errors import TiecliError
+from tiecli.errors import ConfigError, TiecliError
 
 NAME_CHARS = "A-Za-z0-9._-"  # shell-safe without quoting, and the same on every file system
 NAME_LIMIT = 80
@@ -42,9 +42,12 @@ def _hash(text: str, n: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
-def check_name(name: str) -> None:
-    """A --name for a new run: NAME_CHARS, and / to nest it in a folder under the runs directory."""
-    bad = sorted(set(re.sub(f"[/{NAME_CHARS}]", "", name)))
+def check_name(name: str, sweep: bool = False) -> None:
+    """A --name: NAME_CHARS only, so the folder can be typed in any shell as is; a run's may also hold / to nest it
+    in a folder under the runs directory (a sweep's folder is always runs/sweeps/NAME)."""
+    bad = sorted(set(re.sub(f"[{'' if sweep else '/'}{NAME_CHARS}]", "", name)))
+    if sweep and (bad or not name):
+        raise ConfigError(f"--name {name!r} may only hold letters, digits, '.', '_' and '-'")
     if bad:
         raise TiecliError(
             f"run name {name!r} holds {''.join(bad)!r}; a run name may hold only A-Z a-z 0-9 . _ - "

@@ -247,7 +247,12 @@ class SlurmLauncher:
 
 @dataclass
 class LauncherConfig:
-    """One conf/launcher/*.yaml: a launcher has the local: keys or the slurm: keys."""
+    """One conf/launcher/*.yaml: a launcher has the local: keys or the slurm: keys.
 
+    kind: which of tiecli's launchers runs the jobs (basic, submitit_local or submitit_slurm), told by the keys
+    the file has, so that a file of one's own in --config-dir/launcher/ is a launcher too (compose_launcher).
+    """
+
+    kind: str
     local: LocalLauncher | None = None
     slurm: SlurmLauncher | None = None
