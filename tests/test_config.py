@@ -433,3 +433,33 @@ def test_a_launcher_file_is_refused_in_one_line_when_its_kind_cannot_run(isolate
     # submitit's local executor needs its time limit and warning (it failed on an assert when they were null)
     with pytest.raises(ConfigError, match=r"^launcher.local.timeout_min and signal_delay_s are submitit's time limit"):
         compose_launcher("submitit_local", ["launcher.local.timeout_min=null"])
+
+
+def test_an_old_run_reads_the_keys_conf_gained_at_confs_defaults_but_added_at_its_old_behaviour(tmp_path):
+    """A run's config.yaml is recomposed over conf/'s defaults for its own group choices: a run written today reads
+    back as written, key order included; one written before a key existed gets conf/'s default for it, except the
+    keys in ADDED, whose old behaviour differs from conf/'s default (eval.max_tokens: whole splits, not 2M tokens)."""
+    from tiecli import rundir
+    from tiecli.config.compose import ADDED, from_run, recompose
+
+    stored, choices = compose(["model=nano", "tying=untied", "train.lr=0.001"])
+    today = OmegaConf.to_container(stored)
+    assert OmegaConf.to_yaml(recompose(today, choices)) == OmegaConf.to_yaml(stored)
+    old = OmegaConf.to_container(stored)
+    for section, key in (("eval", "max_tokens"), ("train", "checkpoints"), ("train", "sample_tokens")):
+        del old[section][key]
+    del old["logger"]
+    c = from_run(old, choices, tmp_path / "config.yaml")
+    assert (
+        (c.eval.max_tokens, c.train.checkpoints)
+        == (ADDED["eval.max_tokens"], ADDED["train.checkpoints"])
+        == (None, None)
+    )
+    assert to_config(stored).eval.max_tokens == 2097152  # what a new run gets: ADDED's value is data, not the default
+    assert (c.train.sample_tokens, c.logger.tensorboard, c.train.lr, c.model.n_layer) == (0, None, 0.001, 2)
+    assert set(ADDED) <= set(rundir.flatten(today))  # every ADDED key is one conf/ still defines
+    # a choice conf/ no longer has: the stored config is checked as it is, and named
+    gone = {**choices, "model": "gone"}
+    assert from_run(today, gone, tmp_path / "config.yaml").model.n_layer == 2
+    with pytest.raises(TiecliError, match=r"^'.*config\.yaml' is not a valid tiecli config: eval\.max_tokens is requi"):
+        from_run(old, gone, tmp_path / "config.yaml")
