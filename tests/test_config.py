@@ -433,6 +433,9 @@ def test_a_launcher_file_is_refused_in_one_line_when_its_kind_cannot_run(isolate
     # submitit's local executor needs its time limit and warning (it failed on an assert when they were null)
     with pytest.raises(ConfigError, match=r"^launcher.local.timeout_min and signal_delay_s are submitit's time limit"):
         compose_launcher("submitit_local", ["launcher.local.timeout_min=null"])
+    (mine / "no_limit.yaml").write_text("local:\n  threads_per_job: null\n  timeout_min: null\n  signal_delay_s: 90\n")
+    with pytest.raises(ConfigError, match=r"^launcher.local.timeout_min and signal_delay_s are submitit's time limit"):
+        compose_launcher("no_limit", [], isolated / "mine")  # a submitit_local by its keys, even with a null in one
 
 
 def test_an_old_run_reads_the_keys_conf_gained_at_confs_defaults_but_added_at_its_old_behaviour(tmp_path):

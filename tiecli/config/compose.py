@@ -273,7 +273,7 @@ def _launcher_kind(file: DictConfig, path: Path) -> str:
         return "submitit_slurm"
     if keys == ["local"]:
         local = file.local
-        return "submitit_local" if isinstance(local, DictConfig) and "timeout_min" in local else "basic"
+        return "submitit_local" if isinstance(local, DictConfig) and "timeout_min" in local.keys() else "basic"
     raise ConfigError(
         f"{str(path)!r} has keys {', '.join(keys) or 'none'}; a launcher file has local: keys "
         "(basic, submitit_local) or slurm: keys (submitit_slurm), as tiecli's conf/launcher/ files"
