@@ -3,7 +3,7 @@
 
 Untied matrices (both sides, drift and agreement: the most work a pass does) of random rows with a
 common direction, every token occurring, on the device named; the best of 2 after one warm-up.
-The pass runs on the device the model is on (docs/performance-gpu.md has the figures).
+The pass runs on the device the model is on (docs/performance.md has the figures).
 """
 
 import argparse

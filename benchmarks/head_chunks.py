@@ -7,8 +7,8 @@ operator with each chunk compiled on its own). Each runs in a fresh process: tie
 as `tiecli train` sets it up (compiled, bf16 where auto picks it), the first step (compile
 included), a step's memory (peak RSS during 3 steps above the RSS after the first, sampled every
 millisecond, glibc returning large blocks at once) and the best time a step over 2 rounds of 4.
-These figures chose model.py's HEAD_CHUNK_MIN_ROWS and HEAD_GRAPH_MAX_CHUNKS (README, Performance).
-On a CUDA machine it measures the GPU (HEAD_CHUNK_ELEMENTS_CUDA, docs/performance-gpu.md), e.g.
+These figures chose model.py's HEAD_CHUNK_MIN_ROWS and HEAD_GRAPH_MAX_CHUNKS (docs/performance.md).
+On a CUDA machine it measures the GPU (HEAD_CHUNK_ELEMENTS_CUDA, docs/performance.md), e.g.
 --grid b:512:graph,b:2048:graph; its memory column is then the device's peak allocation a step.
 """
 

@@ -3,7 +3,7 @@
 
 Times model.linear_cross_entropy on random (rows, 768) inputs and a (50,257, 768) matrix in fp32,
 best of 3 after a warm-up; the lines say the padding and the rows a chunk of each setting.
-docs/performance-gpu.md has the figures.
+docs/performance.md has the figures.
 """
 
 import argparse

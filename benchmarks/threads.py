@@ -22,7 +22,7 @@ from tiecli import runtime
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 from tiecli.model import GPT
-from tiecli.train import make_optimizer
+from tiecli.optim import make_optimizer
 
 
 def spin() -> None:

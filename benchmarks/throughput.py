@@ -40,7 +40,7 @@ from tiecli import diagnostics, runtime, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 from tiecli.model import GPT, Embeddings, GPTConfig
-from tiecli.train import make_optimizer
+from tiecli.optim import make_optimizer
 
 CONFIGS = {  # n_layer, n_embd, block, vocab, batch
     "a": (4, 128, 128, 8192, 16),
@@ -335,11 +335,11 @@ def geometry_seconds(mode: str) -> float:
 STARTUP = """
 import time, sys
 t0 = float(sys.argv[1])
-from tiecli import train
+from tiecli import prepare
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 cfg = to_config(compose(sys.argv[2:])[0])
-s = train.prepare(cfg)
+s = prepare.prepare(cfg)
 B, T = cfg.train.batch_size, cfg.model.block_size
 batch = torch.from_numpy(s.corpus.tokens['train'][: B * (T + 1)].astype('int64')).view(B, T + 1).to(s.device)
 with s.autocast():

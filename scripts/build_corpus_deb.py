@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tiecli.data import CORPORA, corpus_path
+from tiecli.corpus import CORPORA, corpus_path
 from tiecli.rundir import atomic_write
 
 # (package, version, sha256 of the .deb, kind of file read, path pattern inside the package)

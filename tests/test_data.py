@@ -7,21 +7,20 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from conftest import conf, data_config
 
-from tiecli import data, tokenizer
+from tiecli import corpus, data, tokenizer
 from tiecli.errors import ConfigError, TiecliError
 
 
 def documents(cfg):
     """The corpus's documents, each whole, in memory: what the streaming path must never need."""
-    return [text for _, text in data.load_documents(cfg)]
+    return [text for _, text in corpus.load_documents(cfg)]
 
 
 def split_texts(cfg):
     """Each split's whole text, built in memory from the plan: the one-shot reference."""
-    plan = data.split_plan(data.source(cfg), cfg)
+    plan = data.split_plan(corpus.source(cfg), cfg)
     if cfg.split == "document":
         units, joiner = documents(cfg), "\n\n"
     else:
@@ -31,7 +30,7 @@ def split_texts(cfg):
 
 
 def shakespeare_lines():
-    with lzma.open(data.SHAKESPEARE, "rt", encoding="utf-8") as f:
+    with lzma.open(corpus.SHAKESPEARE, "rt", encoding="utf-8") as f:
         return [line for d in map(json.loads, f) for line in d["text"].splitlines(keepends=True)]
 
 
@@ -73,13 +72,13 @@ def test_shakespeare_split_is_by_whole_plays_and_ignores_the_training_seed():
     cfg = data_config()
     docs = documents(cfg)
     assert len(docs) == 42
-    plan = data.split_plan(data.source(cfg), cfg)
-    assert np.array_equal(plan.owners, data.split_plan(data.source(cfg), cfg).owners)  # deterministic
+    plan = data.split_plan(corpus.source(cfg), cfg)
+    assert np.array_equal(plan.owners, data.split_plan(corpus.source(cfg), cfg).owners)  # deterministic
     assert plan.sizes.tolist() == [len(d.encode()) for d in docs]
     total = plan.sizes.sum()
     for i in (1, 2):
         assert 0.05 * total <= plan.sizes[plan.owners == i].sum() < 0.2 * total
-    assert not np.array_equal(data.split_plan(data.source(cfg), data_config(split_seed=1)).owners, plan.owners)
+    assert not np.array_equal(data.split_plan(corpus.source(cfg), data_config(split_seed=1)).owners, plan.owners)
 
 
 @pytest.mark.parametrize("n", [3, 4, 10, 1000])
@@ -91,11 +90,11 @@ def test_held_out_units_are_drawn_as_random_shuffle_orders_them(n):
 
 
 def test_block_split_of_one_file_is_disjoint_and_complete(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "READ_BYTES", 1000)  # block ends fall inside pieces and between them
+    monkeypatch.setattr(corpus, "READ_BYTES", 1000)  # block ends fall inside pieces and between them
     lines = [f"line {i} of the notes\n" for i in range(5000)]
     (tmp_path / "notes.txt").write_text("".join(lines))
     cfg = data_config(name="textfile", path=str(tmp_path / "notes.txt"), split="block", n_blocks=50)
-    plan = data.split_plan(data.source(cfg), cfg)
+    plan = data.split_plan(corpus.source(cfg), cfg)
     text = "".join(lines)
     assert 45 <= len(plan.ends) <= 50 and plan.ends[-1] == len(text)
     assert all(text[e - 1] == "\n" for e in plan.ends)  # every block ends at a line end
@@ -128,12 +127,12 @@ def test_textfile_accepts_folders_and_globs(tmp_path):
     ],
 )
 def test_bad_textfile_paths_give_clear_errors(tmp_path, monkeypatch, setup, message):
-    monkeypatch.setattr(data, "READ_BYTES", 4096)  # the cut character straddles two reads
+    monkeypatch.setattr(corpus, "READ_BYTES", 4096)  # the cut character straddles two reads
     target = tmp_path / "input"
     setup(target)
     cfg = data_config(name="textfile", path=str(target), split="block")
     with pytest.raises(TiecliError) as e:
-        data.split_plan(data.source(cfg), cfg)
+        data.split_plan(corpus.source(cfg), cfg)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -144,7 +143,7 @@ def test_text_too_short_to_split_is_a_clear_error(tmp_path, text):
     (tmp_path / "short.txt").write_text(text)
     cfg = data_config(name="textfile", path=str(tmp_path / "short.txt"), split="block")
     with pytest.raises(TiecliError, match=r"cuts into only [12] block\(s\) at line ends"):
-        data.split_plan(data.source(cfg), cfg)
+        data.split_plan(corpus.source(cfg), cfg)
 
 
 def test_three_blocks_give_three_non_empty_splits(tmp_path):
@@ -163,7 +162,7 @@ def test_three_blocks_give_three_non_empty_splits(tmp_path):
 
 def test_glob_matching_nothing_is_an_error(tmp_path):
     with pytest.raises(TiecliError, match="matches no files"):
-        data.source(data_config(name="textfile", path=str(tmp_path / "*.rst")))
+        corpus.source(data_config(name="textfile", path=str(tmp_path / "*.rst")))
 
 
 # --- streaming tokenization equals one-shot ------------------------------------------------
@@ -178,13 +177,13 @@ def bpe_300(tmp_path_factory):
 def test_small_chunks_cut_only_where_no_token_crosses(tmp_path, monkeypatch, bpe_300, split):
     # ~200 chunks in all, each cut at a _SAFE_CUT point: every cut must leave the ids unchanged.
     monkeypatch.setattr(data, "CHUNK_CHARS", 2000)
-    monkeypatch.setattr(data, "READ_BYTES", 3000)
+    monkeypatch.setattr(corpus, "READ_BYTES", 3000)
     cfg = data_config(name="textfile", path=str(write_corpus(tmp_path / "c", 400_000)), split=split, n_blocks=20)
     texts = split_texts(cfg)
     for enc in (tokenizer.gpt2(), bpe_300, tokenizer.byte_level()):
-        plan = data.split_plan(data.source(cfg), cfg)
+        plan = data.split_plan(corpus.source(cfg), cfg)
         chunks = list(
-            data._split_chunks(data._stream(data.source(cfg), cfg, plan.ends), plan.owners, data._joiner(cfg))
+            data._split_chunks(data._stream(corpus.source(cfg), cfg, plan.ends), plan.owners, data._joiner(cfg))
         )
         assert len(chunks) > 150
         for i, s in enumerate(data.SPLITS):
@@ -239,7 +238,7 @@ def test_cache_key_changes_with_any_byte_of_the_data(tmp_path):
 
 def test_bpe_trains_on_a_bounded_sample_spread_over_the_training_split(tmp_path):
     cfg = data_config()
-    src = data.source(cfg)
+    src = corpus.source(cfg)
     plan = data.split_plan(src, cfg)
     whole = data._bpe_sample(src, cfg, lambda: plan, None)
     assert len(whole.encode()) == plan.sizes[plan.owners == 0].sum() + 2 * (np.sum(plan.owners == 0) - 1)
@@ -316,14 +315,14 @@ def test_hf_bad_column_and_split_are_config_errors(tmp_path, hf_docs):
     pq.write_table(pa.table({"body": hf_docs, "n": list(range(len(hf_docs)))}), tmp_path / "a.parquet")
     for field, message in (("text", "is not a column of"), ("n", "holds int64 values")):
         with pytest.raises(ConfigError, match=message) as e:
-            data.source(hf(files=str(tmp_path / "a.parquet"), text_field=field))
+            corpus.source(hf(files=str(tmp_path / "a.parquet"), text_field=field))
         assert "body, n" in str(e.value) or "int64" in str(e.value)
 
 
 def test_hf_without_datasets_names_the_pip_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets now raises ImportError
     with pytest.raises(TiecliError, match=r"pip install 'tiecli\[hf\]'"):
-        data.source(hf(files="tiny.txt"))  # conftest puts it in every test's folder
+        corpus.source(hf(files="tiny.txt"))  # conftest puts it in every test's folder
 
 
 @pytest.mark.parametrize(
@@ -354,60 +353,7 @@ def test_bad_hf_input_is_one_line_and_the_right_exit_code(isolated, monkeypatch,
     assert not list(isolated.glob("runs/*/summary.json"))
 
 
-def test_batches_are_next_token_pairs_and_reproducible():
-    tokens = np.arange(1000, dtype=np.uint16)
-    x, y = data.get_batch(tokens, 4, 16, torch.Generator().manual_seed(0))
-    assert x.shape == y.shape == (4, 16) and torch.equal(y, x + 1)
-    x2, _ = data.get_batch(tokens, 4, 16, torch.Generator().manual_seed(0))
-    assert torch.equal(x, x2)
-
-
-class Recorded(np.ndarray):
-    """A token array that counts the windows read from it (as a memmap would page them in)."""
-
-    rows = 0
-
-    def __getitem__(self, index):
-        if isinstance(index, np.ndarray) and index.ndim == 2:
-            Recorded.rows += index.shape[0]
-        return np.asarray(super().__getitem__(index))
-
-
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_each_rank_reads_only_its_rows_and_trains_on_todays_batches(world):
-    """Step after step, with the next step prefetched, rank r's micro-batches are rows [r G/N, (r+1) G/N)
-    of the grad_accum x batch_size windows one process draws (how tiecli batched before), and it reads only
-    those G/N windows; state() is the generator's state from before a prefetched step."""
-    tokens, (B, A, T) = np.arange(5000, dtype=np.uint16), (4, 3, 16)
-    one = torch.Generator().manual_seed(7)
-    steps = [[data.get_batch(tokens, B, T, one) for _ in range(A)] for _ in range(3)]  # one process's draws
-    per_rank = B * A // world
-    micro = max(d for d in range(1, min(per_rank, B) + 1) if per_rank % d == 0)
-    for rank in range(world):
-        gen = torch.Generator().manual_seed(7)
-        recorded = tokens.view(Recorded)
-        stream = data.StepBatches(recorded, B, A, T, micro, rank, world, gen, torch.device("cpu"))
-        Recorded.rows = 0
-        for i, draws in enumerate(steps):
-            expected = [torch.cat([d[k] for d in draws])[rank * per_rank : (rank + 1) * per_rank] for k in (0, 1)]
-            got = stream.next()
-            assert all(x.shape[0] == micro for x, _ in got) and Recorded.rows == (i + 1) * per_rank
-            assert torch.equal(torch.cat([x for x, _ in got]), expected[0])
-            assert torch.equal(torch.cat([y for _, y in got]), expected[1])
-            before = gen.get_state()
-            stream.prefetch()
-            assert torch.equal(stream.state(), before) and not torch.equal(gen.get_state(), before)
-
-
 def test_frequency_buckets_by_token_mass():
     counts = np.array([50, 0, 30, 10, 5, 5])  # 100 tokens
     assert data.frequency_buckets(counts, [0.5, 0.9]).tolist() == [0, 2, 1, 1, 2, 2]
     # token 0 alone is 50%, then 2 and 3 bring it to 90%; the rest, and the unseen token 1, are rare
-
-
-def test_eval_windows_cover_every_target_once():
-    for n, t in [(100, 8), (97, 8), (9, 8), (10, 8)]:
-        covered = [s + 1 + i for s, length in data.eval_windows(n, t) for i in range(length)]
-        assert covered == list(range(1, n))
-    limited = data.eval_windows(1000, 8, limit=5)
-    assert len(limited) == 5 and limited[0][0] == 0 and limited == data.eval_windows(1000, 8, limit=5)

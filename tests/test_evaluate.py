@@ -55,7 +55,7 @@ def test_evaluation_runs_in_inference_mode(corpus):
 
 
 def test_the_training_split_is_evaluated_on_a_fixed_subset_when_large(corpus):
-    from tiecli.data import eval_windows
+    from tiecli.batches import eval_windows
     from tiecli.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
 
     limit = whole_split_limit(corpus, "train", 64)

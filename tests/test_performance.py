@@ -7,7 +7,7 @@ import torch
 from conftest import TINY
 from omegaconf import OmegaConf
 
-from tiecli import rundir, train
+from tiecli import distributed, rundir, runtime, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, recompose, to_yaml
 from tiecli.errors import ConfigError
@@ -36,7 +36,7 @@ def test_summary_records_the_peak_memory(tmp_path, monkeypatch):
     assert stored["peak_memory"] == summary.peak_memory and summary.peak_memory["of"] == "process peak RSS"
     assert 50 * 2**20 < summary.peak_memory["bytes"] < 64 * 2**30  # torch alone is more than 50 MiB
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 123456789)
-    cuda = train.peak_memory(torch.device("cuda", 0))
+    cuda = runtime.peak_memory(torch.device("cuda", 0))
     assert cuda == {"bytes": 123456789, "of": "cuda max_memory_allocated"}
 
 
@@ -49,7 +49,7 @@ def test_hardware_auto_picks_gpu_defaults_where_cuda_is(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     gpu = to_config(compose([])[0])
     assert (gpu.train.batch_size, gpu.model.block_size, gpu.train.evals, gpu.train.checkpoints) == (16, 1024, 20, 10)
-    assert gpu.tokens_per_step == train.MIN_GPU_BATCH_TOKENS
+    assert gpu.tokens_per_step == distributed.MIN_GPU_BATCH_TOKENS
     assert compose(["device=cpu"])[0].model.block_size == 128
     assert compose(["hardware=cpu"])[0].train.evals == 5
     own = compose(["model=nano", "model.block_size=256"])[0]  # a given value wins over hardware's
@@ -87,11 +87,11 @@ def test_unknown_hardware_is_one_line():
 
 def test_a_small_micro_batch_on_cuda_gets_a_warning():
     t = to_config(compose(TINY)[0]).train
-    line = train.small_batch_warning(torch.device("cuda"), t, 32)
+    line = distributed.small_batch_warning(torch.device("cuda"), t, 32)
     assert line is not None and "4 x 32 = 128 tokens" in line and "\n" not in line
-    assert train.small_batch_warning(torch.device("cpu"), t, 32) is None
+    assert distributed.small_batch_warning(torch.device("cpu"), t, 32) is None
     gpu = to_config(compose(["hardware=gpu"])[0])
-    assert train.small_batch_warning(torch.device("cuda"), gpu.train, gpu.model.block_size) is None
+    assert distributed.small_batch_warning(torch.device("cuda"), gpu.train, gpu.model.block_size) is None
 
 
 def test_the_final_evaluation_is_bounded_and_its_time_told_before_training(tmp_path, capsys):

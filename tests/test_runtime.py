@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import rundir, runtime, train
+from tiecli import optim, rundir, runtime, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import ConfigError
@@ -72,7 +72,7 @@ def test_compiled_training_resumes_exactly_and_agrees_with_eager(tmp_path, monke
     train.train(cfg, tmp_path / "whole", False, files)
     assert rundir.RunReader(tmp_path / "whole").summary().compile is True
 
-    lr_at = train.lr_at
+    lr_at = optim.lr_at
 
     def ctrl_c_during_step_5(step, c):  # the loop sets each step's learning rate first
         if step == 4:

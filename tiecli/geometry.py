@@ -13,7 +13,7 @@ Conventions shared by every function:
 - `buckets` (V,) int8 holds 0 = frequent, 1 = mid, 2 = rare (see BUCKETS).
 - Inputs are never modified; any float dtype works; maths runs in float32, with float64 where
   precision matters (Gram matrices, sums), on the device the matrices are on (a GPU's during
-  training: seconds on the host at V = 50k, docs/performance-gpu.md); samples are drawn on the
+  training: seconds on the host at V = 50k, docs/performance.md); samples are drawn on the
   CPU, so the results do not depend on the device beyond float rounding.
 - Results are dicts of plain Python floats / ints / lists / None, ready for JSON.
 - Sampling uses a private torch.Generator seeded from `seed`, never the global RNG: these run in

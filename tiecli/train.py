@@ -6,287 +6,30 @@ is marked interrupted) and resumed with `--resume`, which restores model, optimi
 the data sampler, so on CPU the resumed run reproduces the uninterrupted one exactly.
 """
 
-import math
-import platform
-import resource
 import signal
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 from rich.console import Console
 
-import tiecli
-from tiecli import baselines, checkpoint, diagnostics, distributed, rundir
-from tiecli import resume as resuming
-from tiecli.config.schema import Config, TrainConfig
-from tiecli.data import Corpus, StepBatches, get_batch, load_corpus
+from tiecli import checkpoint, diagnostics, distributed, rundir
+from tiecli.config.schema import Config
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, expected_line, final_windows
-from tiecli.model import GPT, Embeddings
+from tiecli.model import Embeddings
+from tiecli.optim import lr_at
+from tiecli.prepare import Setup, prepare
 from tiecli.rundir import EvalResult, GeometryEntry, MetricsRow, RunWriter, Summary
-from tiecli.runtime import (
-    Threads,
-    autocast_for,
-    compile_step,
-    grad_scaler,
-    pick_compile,
-    pick_device,
-    pick_dtype,
-    use_threads,
-)
+from tiecli.runstate import TrainState, finish, mean_loss, now, open_on_ranks, run_threads, save_checkpoint
+from tiecli.runtime import peak_memory, synchronize
 
 
 class Interrupted(TiecliError):
     """The run stopped on Ctrl-C/SIGTERM after saving a checkpoint."""
 
     exit_code = 130
-
-
-class Diverged(TiecliError):
-    """The training loss became NaN or infinite; the last checkpoint from before it stays."""
-
-
-@dataclass
-class TrainState:
-    """Everything a checkpoint carries besides weights, optimizer and RNG, to resume exactly."""
-
-    step: int = 0
-    tokens: int = 0
-    train_time: float = 0.0
-    wall_time: float = 0.0
-    best_val_loss: float | None = None
-    best_val_step: int | None = None
-    loss_sum: float = 0.0  # train loss summed since the last log line
-    loss_n: int = 0
-    run_id: str | None = None  # summary.json's: a resume refuses a checkpoint of another run
-    logged_step: int | None = None  # the step of the last metrics.jsonl row: a resume checks the file still has it
-
-
-@dataclass
-class Setup:
-    """What the loop works with, built before the run directory exists (so a bad input leaves nothing)."""
-
-    config: Config
-    device: torch.device
-    dtype: str
-    autocast: Callable
-    corpus: Corpus
-    buckets: np.ndarray
-    model: GPT
-    optimizer: torch.optim.AdamW
-    sampler: torch.Generator
-    pairs: list
-    pairs_info: dict
-    compiled: bool  # whether `forward` is torch.compile'd (compile: auto resolved)
-    forward: Callable  # model(x, y) -> loss for the training step: the model itself, or its compiled graph
-    batches: StepBatches  # this rank's micro-batches, drawn from `sampler`
-    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaling; None under bf16 and fp32
-
-
-def make_optimizer(model: GPT, t: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; matrices decay, biases and LayerNorm gains never do, embeddings as train.decay_embeddings says.
-
-    A group per (decay, lr_scale), decayed groups first; lr_scale is the group's learning rate over
-    train.lr (see lr_scale), which the loop multiplies into the schedule. With the defaults: two groups.
-    """
-    groups: dict[tuple[bool, float], list] = {}
-    for name, p in model.named_parameters():  # a tied matrix appears once: no duplicate in the groups
-        is_embedding = name.startswith(("emb.", "wpe."))
-        decay = p.dim() >= 2 and (t.decay_embeddings or not is_embedding)
-        groups.setdefault((decay, lr_scale(model, name, t)), []).append(p)
-    ordered = sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1]))
-    param_groups = [
-        {"params": params, "weight_decay": t.weight_decay if decay else 0.0, "lr_scale": scale}
-        for (decay, scale), params in ordered
-    ]
-    return torch.optim.AdamW(param_groups, lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type in ("cuda", "cpu"))
-
-
-def lr_scale(model: GPT, name: str, t: TrainConfig) -> float:
-    """A parameter's peak learning rate over train.lr, as nanochat gives its token matrices their own.
-
-    The input embedding trains at train.lr_embedding, and so does a matrix shared by both sides
-    (it is the input embedding too); the output side's own parameters at train.lr_output; the rest,
-    positions included, at train.lr.
-    """
-    if not name.startswith("emb."):
-        return 1.0
-    role = model.emb.roles[name.removeprefix("emb.")]
-    lr = t.lr_output if role == "output" else t.lr_embedding
-    return 1.0 if lr is None else lr / t.lr
-
-
-def lr_at(step: int, c: Config) -> float:
-    """Linear warmup to train.lr over Config.warmup steps, then cosine decay to min_lr at max_steps."""
-    t, warmup = c.train, c.warmup
-    if step < warmup:
-        return t.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, c.max_steps - warmup)
-    return t.min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) * (t.lr - t.min_lr)
-
-
-def prepare(config: Config) -> Setup:
-    """Data, model and optimizer; checks the data fits the model before any file is written."""
-    device = distributed.device(pick_device(config.device))
-    dtype = pick_dtype(config.dtype, device)
-    distributed.rank_shape(config.train, distributed.world_size())  # the world size must divide the global batch
-    compiled = pick_compile(config.compile, device, config.max_steps)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    corpus = distributed.local_first(lambda: load_corpus(config.data, config.tokenizer))  # one rank builds the cache
-    for split, tokens in corpus.tokens.items():
-        if len(tokens) < config.model.block_size + 1:
-            raise TiecliError(
-                f"the {split} split has {len(tokens)} tokens, fewer than model.block_size + 1 = "
-                f"{config.model.block_size + 1}; use a smaller model.block_size or more data"
-            )
-    model = GPT(config.model, seed=config.seed).to(device)
-    # dropout's RNG, from the start of training: the weights have their own generators; each rank its own stream
-    torch.manual_seed(config.seed + distributed.rank())
-    # The whole forward, fused head and loss included, as one graph, whose backward AOTAutograd
-    # compiles too. The gradient split is part of that graph (model.py: _Fork), so diagnostics
-    # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
-    forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
-    wants_pairs = config.diag.geometry or config.diag.every > 0  # R3's geometry and R4's pair gradients
-    pairs, pairs_info = diagnostics.form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
-    t, world, sampler = config.train, distributed.world_size(), torch.Generator().manual_seed(config.seed)
-    micro, _ = distributed.rank_shape(t, world)
-    batches = StepBatches(
-        corpus.tokens["train"], t.batch_size, t.grad_accum, config.model.block_size, micro, distributed.rank(), world,
-        sampler, device, draw=lambda *args: get_batch(*args),
-    )  # fmt: skip
-    return Setup(
-        config,
-        device,
-        dtype,
-        autocast_for(device, dtype),
-        corpus,
-        corpus.buckets(config.eval.buckets),
-        model,
-        make_optimizer(model, config.train, device),
-        sampler,
-        pairs,
-        pairs_info,
-        compiled,
-        forward,
-        batches,
-        grad_scaler(device, dtype),
-    )
-
-
-def new_summary(s: Setup, name: str) -> Summary:
-    c = s.config
-    return Summary(
-        name=name,
-        status="running",
-        seed=c.seed,
-        params=s.model.param_counts(),
-        max_steps=c.max_steps,
-        tokens_per_step=c.tokens_per_step,
-        step=0,
-        tokens=0,
-        device=str(s.device),
-        dtype=s.dtype,
-        compile=s.compiled,
-        world_size=distributed.world_size(),
-        batch=distributed.batch_info(c.train, c.model.block_size),
-        versions={"tiecli": tiecli.__version__, "torch": torch.__version__, "python": platform.python_version()},
-        corpus={
-            "key": s.corpus.key,
-            "key_scheme": 2,  # 2: the input files' bytes and split settings (data.py); before: the split texts
-            "train_tokens": len(s.corpus.tokens["train"]),
-            "vocab_size": s.corpus.encoding.n_vocab,
-            "baselines": baselines.of_corpus(s.corpus),
-        },
-        started=now(),
-        run_id=rundir.new_run_id(),
-    )
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tuple[RunWriter, TrainState, bool]:
-    """The run's writer and where training stands: a new run at step 0, or a resumed one at its checkpoint."""
-    if not resume:
-        init, summary = checkpoint.to_bytes({"emb": s.model.emb.state_dict()}), new_summary(s, run_dir.name)
-        return RunWriter.create(run_dir, files, summary, init), TrainState(run_id=summary.run_id), False
-    run = RunWriter.open(run_dir)
-    try:
-        run.reader.check_corpus(s.corpus.key)
-        resuming.check_files(run.reader, s.config.model)  # nothing is changed until all of them have been read
-        run_id = run.reader.summary().run_id or rundir.new_run_id()  # a run from before run ids gets one now
-        if not (run_dir / rundir.CHECKPOINT).is_file():
-            if run.reader.summary().step > 0:  # never replace trained steps with a fresh start
-                raise TiecliError(
-                    f"run {run_dir.name} has no checkpoint ({rundir.CHECKPOINT}) to resume from; "
-                    "its recorded steps are kept: start a new run with another --name"
-                )
-            run.truncate_after(-1)
-            run.rewrite(files)
-            return run, TrainState(run_id=run_id), False
-        ckpt = run.reader.checkpoint()
-        distributed.check_world_size(ckpt, run_dir.name)
-        stored = run.reader.config().get("train", {}).get("log_interval", 1)  # what the checkpoint was written with
-        resuming.check_checkpoint(run.reader, ckpt, max(stored, s.config.train.log_interval))
-        state = restore(s, ckpt, run_dir.name)
-        state.run_id = run_id
-        run.truncate_after(state.step)
-        run.rewrite(files)  # config.yaml with what the overrides extend (train.max_steps=...)
-        return run, state, True
-    except BaseException:
-        run.close()
-        raise
-
-
-def restore(s: Setup, ckpt: dict, name: str) -> TrainState:
-    """Weights, optimizer, this rank's RNG streams and the loop's state from a checkpoint."""
-    checkpoint.load_weights(s.model, ckpt["model"], name, "the model weights")
-    try:  # a checkpoint whose optimizer, RNG or loop state is not this run's: one line, not a traceback
-        state = TrainState(**ckpt["state"])
-        s.optimizer.load_state_dict(ckpt["optimizer"])
-        if s.scaler and "scaler" in ckpt:
-            s.scaler.load_state_dict(ckpt["scaler"])
-        rng = distributed.rng_of_rank(ckpt)
-        torch.set_rng_state(rng["torch"])
-        s.sampler.set_state(rng["sampler"])
-        checkpoint.restore_device_rng(rng, s.device)
-        state.loss_sum = rng.get("loss_sum", state.loss_sum)  # a rank's own train loss since the last log line
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
-        reason = (str(e).strip().splitlines() or [""])[0][:160]
-        raise TiecliError(
-            f"run {name}: checkpoint {rundir.CHECKPOINT.name} does not match this run ({type(e).__name__}: {reason})"
-        ) from None
-    return state
-
-
-def open_on_ranks(
-    s: Setup, run_dir: Path, resume: bool, files: dict[str, str]
-) -> tuple[RunWriter | None, TrainState, bool]:
-    """open_run on rank 0, which alone writes the run; the other ranks get no writer, and on a resume
-    load the checkpoint rank 0 has checked. Rank 0's refusal (a bad checkpoint) is every rank's."""
-    opened: tuple[RunWriter, TrainState, bool] | None = None
-
-    def plan() -> bool:
-        nonlocal opened
-        opened = open_run(s, run_dir, resume, files)
-        return opened[2]
-
-    resumed = distributed.from_rank0(plan)
-    if opened is not None:
-        return opened
-    if not resumed:
-        return None, TrainState(), False
-    return None, restore(s, checkpoint.load(run_dir / rundir.CHECKPOINT, run_dir.name), run_dir.name), True
 
 
 class StopFlag:
@@ -353,7 +96,7 @@ def train(
             if threads.warning():
                 console.print(threads.warning(), highlight=False, markup=False, soft_wrap=True)
             console.print(distributed.batch_line(config.train, config.model.block_size), highlight=False)
-            warning = small_batch_warning(s.device, config.train, config.model.block_size)
+            warning = distributed.small_batch_warning(s.device, config.train, config.model.block_size)
             if warning:
                 console.print(warning, style="yellow", highlight=False)
             summary = run.reader.summary()
@@ -378,13 +121,6 @@ def train(
                 error = f"{type(e).__name__}: {e}".strip()
                 finish(run, summary, state, "failed", error=error, peak_memory=peak_memory(s.device))
                 raise
-
-
-def run_threads(config: Config, run_dir: Path, resume: bool) -> Threads:
-    """This process's torch threads (runtime.use_threads); a resumed run keeps the count it trained with,
-    since another count sums in another order (the last bits of its losses would differ)."""
-    kept = rundir.RunReader(run_dir).summary().threads if resume and (run_dir / rundir.SUMMARY).is_file() else None
-    return use_threads(pick_device(config.device), kept)
 
 
 def fit(
@@ -473,38 +209,6 @@ def clip_and_step(s: Setup) -> torch.Tensor:
     return grad_norm
 
 
-MIN_GPU_BATCH_TOKENS = 16384  # below this a rank's micro-batch leaves a GPU waiting on the host's kernel launches
-
-
-def small_batch_warning(device: torch.device, t: TrainConfig, block_size: int) -> str | None:
-    """One line when a rank's micro-batch on CUDA is under MIN_GPU_BATCH_TOKENS tokens, else None."""
-    micro, _ = distributed.rank_shape(t, distributed.world_size())
-    if device.type != "cuda" or micro * block_size >= MIN_GPU_BATCH_TOKENS:
-        return None
-    return (
-        f"warning: a micro-batch of {micro} x {block_size} = {micro * block_size:,} tokens a rank keeps a GPU "
-        f"waiting (under {MIN_GPU_BATCH_TOKENS:,}); raise train.batch_size (hardware=gpu: 16 x 1024)"
-    )
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait until the device has done the work queued so far (only log steps call it: it stalls the queue)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_memory(device: torch.device) -> dict:
-    """summary.json's peak_memory: the most the device held during this session of the run.
-
-    CUDA: torch.cuda.max_memory_allocated (tensors; the caching allocator reserves somewhat more);
-    elsewhere the process's peak resident set (ru_maxrss: KiB on Linux, bytes on macOS), which
-    counts the model, the data pages read and Python itself."""
-    if device.type == "cuda":
-        return {"bytes": torch.cuda.max_memory_allocated(device), "of": "cuda max_memory_allocated"}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"bytes": rss if sys.platform == "darwin" else rss * 1024, "of": "process peak RSS"}
-
-
 def grad_stats(
     s: Setup, present: torch.Tensor | None, buckets: torch.Tensor, step: int, pairs: diagnostics.PairIndex | None
 ) -> dict:
@@ -534,18 +238,6 @@ def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tenso
         (s.scaler.scale(loss) if s.scaler else loss).backward()
         loss_acc += loss.detach().float()
     return present
-
-
-def mean_loss(loss_acc: torch.Tensor, state: TrainState, run: RunWriter | None) -> float:
-    """The mean train loss since the last log line; a NaN or infinite one stops the run."""
-    loss = loss_acc.item() / max(1, state.loss_n)
-    if not math.isfinite(loss):
-        kept = run.reader.checkpoint()["state"]["step"] if run and (run.path / rundir.CHECKPOINT).is_file() else 0
-        raise Diverged(
-            f"the training loss became {loss} by step {state.step}; the checkpoint from step {kept} is kept "
-            "(try a lower train.lr)"
-        )
-    return loss
 
 
 def subset_evals(s: Setup) -> dict[str, dict]:
@@ -614,49 +306,3 @@ def snapshot_due(c: Config, step: int) -> bool:
         return False
     last, most = c.n_evals, c.diag.max_snapshots  # geometry steps are numbered 0..last
     return last < most or c.evals_by(step) in {round(i * last / (most - 1)) for i in range(most)}
-
-
-def save_checkpoint(
-    s: Setup, run: RunWriter | None, state: TrainState, loss_acc: torch.Tensor, keep: bool = False
-) -> None:
-    """last.pt: weights, optimizer, every RNG and the loop's state. Never one from after a NaN loss.
-
-    Under DDP rank 0 writes it, with each other rank's RNG streams and train loss in `rank_rng`.
-    keep: one of the checkpoint_interval's, which train.keep_checkpoints keeps as step_N.pt too."""
-    state.loss_sum = loss_acc.item()
-    if distributed.any_rank(not math.isfinite(state.loss_sum)):
-        mean_loss(distributed.mean_(loss_acc.clone()), state, run)  # raises Diverged, naming the checkpoint kept
-    # the sampler's state from before a prefetched draw, so a resume draws it again
-    rng = {"torch": torch.get_rng_state(), "sampler": s.batches.state(), **checkpoint.device_rng(s.device)}
-    ranks = distributed.gather({**rng, "loss_sum": state.loss_sum})
-    if run is None or ranks is None:
-        return
-    ckpt: dict[str, object] = {
-        "model": s.model.state_dict(),
-        "optimizer": s.optimizer.state_dict(),
-        "rng": rng,
-        "state": asdict(state),
-    }
-    if len(ranks) > 1:
-        ckpt["rank_rng"] = ranks[1:]
-    if s.scaler:
-        ckpt["scaler"] = s.scaler.state_dict()
-    run.save(rundir.CHECKPOINT, checkpoint.to_bytes(ckpt))
-    if keep:
-        run.keep_checkpoint(state.step, s.config.train.keep_checkpoints)
-
-
-def finish(run: RunWriter, summary: Summary, state: TrainState, status: str, **fields) -> Summary:
-    """The final summary.json; when even that cannot be written (a full disk), the original error still wins."""
-    summary.wall_time = state.wall_time
-    summary.status, summary.step, summary.tokens = status, state.step, state.tokens
-    summary.train_time, summary.tokens_per_s = state.train_time, state.tokens / max(state.train_time, 1e-9)
-    summary.best_val_loss, summary.best_val_step, summary.ended = state.best_val_loss, state.best_val_step, now()
-    for key, value in fields.items():
-        setattr(summary, key, value)
-    try:
-        run.summary(summary)
-    except OSError:
-        if status == "completed":
-            raise
-    return summary

@@ -1,0 +1,135 @@
+# Used by `tiecli train` and by every command that opens a run (eval, geometry, export, sample).
+"""Where a run lives and what a training command starts: a new run's directory and files, a resume's
+plan, the ranks under --nproc; and, for the other commands, a run found by path or bare name.
+
+Imported inside the commands (it loads torch), so `tiecli --help` answers at once.
+"""
+
+import difflib
+import shlex
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from tiecli import distributed, rundir
+from tiecli import resume as resuming
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, from_run, to_yaml
+from tiecli.config.naming import check_name, run_name
+from tiecli.config.schema import Config
+from tiecli.errors import ConfigError, TiecliError
+from tiecli.rundir import Summary
+from tiecli.train import train as train_run
+
+
+def train(
+    overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, nproc: int | None
+) -> tuple[Path, Summary, Config] | None:
+    """Plan the run on rank 0 (a refusal is every rank's), train it; rank 0 gets (path, summary, config)."""
+
+    def plan():
+        if resume:
+            return resuming.plan(runs_dir, name, overrides, config_dir, nproc or distributed.world_size())
+        return plan_new_run(runs_dir, name, overrides, config_dir)
+
+    with distributed.process_group(), distributed.quiet_others():
+        path, cfg, files = distributed.from_rank0(plan)
+        if path is None:
+            return None
+        run_config = to_config(cfg)
+        summary = run_training(run_config, path, resume, files, config_dir)
+    return None if summary is None else (path, summary, run_config)  # None on ranks other than 0
+
+
+def start_ranks(
+    overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, nproc: int
+) -> int:
+    """`tiecli train --nproc N`: check everything once here, then the same command under torchrun on N
+    processes; their exit code (0 when the plan found nothing to do)."""
+    if resume:
+        path, cfg, _ = resuming.plan(runs_dir, name, overrides, config_dir, nproc)
+    else:
+        path, cfg, _ = plan_new_run(runs_dir, name, overrides, config_dir)
+    if path is None:
+        return 0
+    distributed.rank_shape(to_config(cfg).train, nproc)
+    args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
+    args += [*(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
+    return distributed.torchrun(nproc, ["train", *args])
+
+
+def run_place(overrides: list[str], resume: bool, runs_dir: Path, name: str | None, multirun: bool):
+    """(runs_dir, name) of the run to train: `--resume runs/NAME` (or a bare NAME in --runs-dir) pops the
+    run's path from the overrides; -m and an empty --name are refused."""
+    if multirun:
+        raise ConfigError(
+            f"-m: tiecli train trains one run; for several, `{shlex.join(['tiecli', 'sweep', *overrides])}`"
+        )
+    if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
+        run_arg = Path(overrides.pop(0))
+        if not rundir.is_run_dir(run_arg) and rundir.is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
+            run_arg = runs_dir / run_arg
+        runs_dir, name = run_arg.parent, run_arg.name
+    if name is not None and not name.strip():
+        raise TiecliError("--name is empty; give a name, or leave --name out for the default")
+    return runs_dir, name
+
+
+def run_training(run_config, path: Path, resume: bool, files, config_dir: Path | None):
+    """tiecli.train.train, with the resume command added to a stop's line (rank 0's)."""
+    try:
+        return train_run(run_config, path, resume, files)
+    except TiecliError as e:
+        if e.exit_code == 130 and rundir.is_run_dir(path) and distributed.is_rank0():
+            raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
+        raise
+
+
+def resume_command(path: Path, config_dir: Path | None) -> str:
+    """The command that continues this run, to copy and paste: relative to here when it lies below."""
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    world = distributed.world_size()
+    args = ["tiecli", "train", "--resume", str(shown), *(["--nproc", str(world)] if world > 1 else [])]
+    return shlex.join(args + (["--config-dir", str(config_dir)] if config_dir else []))
+
+
+def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
+    """The path, config and files of a new run; refuses a name taken by a run worth keeping."""
+    cfg, choices = compose(overrides, config_dir)
+    path = rundir.run_path(runs_dir, name if name is not None else run_name(choices, cfg, overrides))
+    if name is not None:  # after run_path's checks (length, leaving runs_dir); --resume takes older names as they are
+        check_name(name)
+    if rundir.is_run_dir(path) and not rundir.discard_unstarted(path):
+        raise TiecliError(
+            f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one"
+        )
+    files = {
+        rundir.CONFIG: to_yaml(cfg),
+        rundir.OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
+    }
+    return path, cfg, files
+
+
+def load_run_config(run: Path):
+    """A run directory's config.yaml as a checked Config."""
+    if not rundir.is_run_dir(run):
+        raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG})")
+    reader = rundir.RunReader(run)
+    stored = reader.config()
+    return from_run(stored, reader.overrides().get("choices", {}), run / rundir.CONFIG)
+
+
+def find_run(run: Path, runs_dir: Path) -> Path:
+    """RUN as given, else a bare name under --runs-dir (as `train --name NAME --resume` finds it); one line
+    naming the nearest run there when neither is a run."""
+    if rundir.is_run_dir(run) or run.is_absolute():
+        return run
+    if rundir.is_run_dir(runs_dir / run):
+        return runs_dir / run
+    names = [str(p.parent.relative_to(runs_dir)) for p in runs_dir.rglob(rundir.SUMMARY)] if runs_dir.is_dir() else []
+    by_last = {Path(n).name: n for n in names}  # a nested run's last part: `first` for ablation/first
+    near = difflib.get_close_matches(str(run), names, n=1) or [
+        by_last[m] for m in difflib.get_close_matches(run.name, list(by_last), n=1)
+    ]
+    hint = f"; did you mean {runs_dir / near[0]}?" if near else ""
+    raise TiecliError(f"{str(run)!r} is not a run directory (it has no {rundir.SUMMARY} or {rundir.CONFIG}){hint}")
