@@ -243,13 +243,14 @@ def mode_rows(
     modes: tuple[str, ...] = ("scaled", "tied_bias", "hybrid"),
 ) -> list[dict]:
     """scaled, tied_bias and hybrid: one compiled training step each, its loss against eager's, finite gradients."""
-    from tiecli import config
+    from tiecli.config.checks import to_config
+    from tiecli.config.compose import compose
     from tiecli.model import GPT
     from tiecli.runtime import compile_step
 
     rows = []
     for mode in modes:
-        cfg = config.to_config(config.compose([*shape, f"tying={mode}"])[0]).model
+        cfg = to_config(compose([*shape, f"tying={mode}"])[0]).model
         model = GPT(cfg, seed=0).to(device)
         x, y = (torch.randint(0, cfg.vocab_size, (8, cfg.block_size), device=device) for _ in range(2))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)

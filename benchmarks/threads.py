@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from tiecli import config, runtime
+from tiecli import runtime
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose
 from tiecli.model import GPT
 from tiecli.optim import make_optimizer
 
@@ -31,7 +33,7 @@ def spin() -> None:
 def tokens_per_s(threads: int, steps: int) -> float:
     """Tokens a second over `steps` optimizer steps of the nano model on `threads` torch threads."""
     torch.set_num_threads(threads)
-    c = config.to_config(config.compose(["model=nano", "compile=false", "dtype=fp32"])[0])
+    c = to_config(compose(["model=nano", "compile=false", "dtype=fp32"])[0])
     model = GPT(c.model, seed=0)
     optimizer = make_optimizer(model, c.train, torch.device("cpu"))
     tokens = torch.randint(c.model.vocab_size, (c.train.batch_size, c.model.block_size + 1))

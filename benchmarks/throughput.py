@@ -36,7 +36,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tiecli import config, diagnostics, runtime, tokenizer
+from tiecli import diagnostics, runtime, tokenizer
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose
 from tiecli.model import GPT, Embeddings, GPTConfig
 from tiecli.optim import make_optimizer
 from tiecli.pairs import form_pairs
@@ -137,7 +139,7 @@ def tiecli_variant(cfg: str, tying: str = "tied", dtype: str = "auto", compile: 
     L, C, T, V, B = CONFIGS[cfg]
     gpt = GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=max(1, C // 64), n_embd=C, tying=tying)
     model = GPT(gpt, seed=0).to(DEVICE)
-    opt = make_optimizer(model, config.to_config(config.compose([])[0]).train, DEVICE)  # conf/'s defaults
+    opt = make_optimizer(model, to_config(compose([])[0]).train, DEVICE)  # conf/'s defaults
     resolved = runtime.pick_dtype(dtype, DEVICE)
     compiled = runtime.pick_compile(compile, DEVICE, max_steps=100_000)
     forward = runtime.compile_step(model) if compiled else model
@@ -334,8 +336,10 @@ def geometry_seconds(mode: str) -> float:
 STARTUP = """
 import time, sys
 t0 = float(sys.argv[1])
-from tiecli import config, prepare
-cfg = config.to_config(config.compose(sys.argv[2:])[0])
+from tiecli import prepare
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose
+cfg = to_config(compose(sys.argv[2:])[0])
 s = prepare.prepare(cfg)
 B, T = cfg.train.batch_size, cfg.model.block_size
 batch = torch.from_numpy(s.corpus.tokens['train'][: B * (T + 1)].astype('int64')).view(B, T + 1).to(s.device)

@@ -75,9 +75,10 @@ def tiny_run(isolated, tiny_trained) -> Path:
 
 def conf(*overrides):
     """The checked Config that conf/ composes with these overrides: defaults come from conf/ alone."""
-    from tiecli import config
+    from tiecli.config.checks import to_config
+    from tiecli.config.compose import compose
 
-    return config.to_config(config.compose(list(overrides))[0])
+    return to_config(compose(list(overrides))[0])
 
 
 def data_config(**changes):

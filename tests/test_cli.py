@@ -279,15 +279,16 @@ def test_sweep_job_names_drop_the_shared_hash_and_fit_80_columns(isolated):
 
 @pytest.mark.slow
 def test_a_sweep_keeps_the_names_its_manifest_gave_and_refuses_changed_overrides(isolated):
-    from tiecli import config
+    from tiecli.config.compose import compose
+    from tiecli.config.naming import run_name
     from tiecli.sweep import plan
 
     args = ["model=nano", "tying=tied,untied", "train.max_steps=100"]
     sweep_dir, manifest, _ = plan.plan(args, None, Path("runs"), "s")
     old_names = {}  # as tiecli 0.2 named them: the hash of every override, shared ones included
     for job in manifest.jobs:
-        cfg, choices = config.compose(job.overrides)
-        old_names[job.name] = config.run_name(choices, cfg, job.overrides)
+        cfg, choices = compose(job.overrides)
+        old_names[job.name] = run_name(choices, cfg, job.overrides)
         job.name = job.run_dir = old_names[job.name]
     sweep_dir.mkdir(parents=True)
     write_manifest(sweep_dir / "sweep.json", manifest)

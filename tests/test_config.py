@@ -5,30 +5,45 @@ import pytest
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
-from tiecli import config
+from tiecli.config import naming
+from tiecli.config.checks import to_config
+from tiecli.config.compose import check_unique, compose, default_config_dir, parse_overrides
+from tiecli.config.schema import (
+    Composed,
+    Config,
+    DataConfig,
+    DiagConfig,
+    EvalConfig,
+    LocalLauncher,
+    ModelShape,
+    Settings,
+    TokenizerConfig,
+    TrainConfig,
+)
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.model import GPTConfig
 
 
 def test_defaults_compose_to_dataclasses():
-    cfg, choices = config.compose([])
+    cfg, choices = compose([])
     assert choices == {"model": "micro", "tying": "tied", "data": "shakespeare", "tokenizer": "bpe"}
-    c = config.to_config(cfg)
+    c = to_config(cfg)
     assert (c.model.n_layer, c.model.n_embd, c.model.vocab_size, c.model.tying) == (4, 128, 4096, "tied")
     assert c.max_steps == c.train.max_steps
     assert isinstance(c.train.lr, float)
 
 
 def test_overrides_reach_the_dataclasses():
-    cfg, choices = config.compose(
+    cfg, choices = compose(
         ["tying=partial", "tying.shared_fraction=0.25", "model=gpt2", "tokenizer=gpt2", "train.lr=1e-3", "seed=7"]
     )
-    c = config.to_config(cfg)
+    c = to_config(cfg)
     assert choices["tying"] == "partial" and c.model.shared_fraction == 0.25
     assert (c.model.block_size, c.model.vocab_size, c.train.lr, c.seed) == (1024, 50257, 1e-3, 7)
 
 
 def test_token_budget_sets_steps():
-    c = config.to_config(config.compose(["train.max_tokens=100000", "train.batch_size=8"])[0])
+    c = to_config(compose(["train.max_tokens=100000", "train.batch_size=8"])[0])
     assert c.tokens_per_step == 8 * 128
     assert c.max_steps == 98  # ceil(100000 / 1024)
 
@@ -52,7 +67,7 @@ def test_token_budget_sets_steps():
 )
 def test_bad_overrides_name_the_valid_choices(override, message):
     with pytest.raises(ConfigError) as e:
-        config.to_config(config.compose(override)[0])
+        to_config(compose(override)[0])
     assert message in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -79,29 +94,29 @@ def test_bad_overrides_name_the_valid_choices(override, message):
 )
 def test_bad_values_are_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as e:
-        config.to_config(config.compose(override)[0])
+        to_config(compose(override)[0])
     assert message in str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_the_dataclasses_have_no_defaults_conf_has_them():
     for cls in (
-        config.TrainConfig,
-        config.DataConfig,
-        config.TokenizerConfig,
-        config.EvalConfig,
-        config.DiagConfig,
-        config.Settings,
-        config.ModelShape,
-        config.Composed,
-        config.Config,
+        TrainConfig,
+        DataConfig,
+        TokenizerConfig,
+        EvalConfig,
+        DiagConfig,
+        Settings,
+        ModelShape,
+        Composed,
+        Config,
     ):
         fields = dataclasses.fields(cls)
         assert [f.name for f in fields if (f.default, f.default_factory) != (dataclasses.MISSING,) * 2] == [], (
             cls.__name__
         )
     sizes = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"}
-    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(config.GPTConfig) if f.name in sizes)
+    assert all(f.default is dataclasses.MISSING for f in dataclasses.fields(GPTConfig) if f.name in sizes)
 
 
 @pytest.mark.slow
@@ -144,7 +159,7 @@ def test_the_dataclasses_have_no_defaults_conf_has_them():
 )
 def test_new_checks_refuse_in_one_line(override, message):
     with pytest.raises(ConfigError) as e:
-        config.to_config(config.compose(override)[0])
+        to_config(compose(override)[0])
     assert message in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -153,23 +168,23 @@ def test_compose_refuses_an_interpolation_that_cannot_resolve():
     with pytest.raises(
         ConfigError, match=r"^seed='\$\{oops\}' cannot be resolved: Interpolation key 'oops' not found$"
     ):
-        config.compose(["seed=${oops}"])  # before run_name and to_yaml, which resolve it
+        compose(["seed=${oops}"])  # before run_name and to_yaml, which resolve it
 
 
 def test_interpolations_that_resolve_are_fine():
-    c = config.to_config(config.compose(["train.min_lr=${train.lr}", "train.lr=1e-3"])[0])
+    c = to_config(compose(["train.min_lr=${train.lr}", "train.lr=1e-3"])[0])
     assert c.train.min_lr == c.train.lr == 1e-3
 
 
 def test_a_tied_model_narrower_than_the_hybrid_rank_is_fine():
-    c = config.to_config(config.compose(["model.n_embd=8", "model.n_head=2"])[0])
+    c = to_config(compose(["model.n_embd=8", "model.n_head=2"])[0])
     assert (c.model.n_embd, c.model.tying) == (8, "tied")
     with pytest.raises(ConfigError, match=r"rank=16 is not in \[1, n_embd=8\]"):
-        config.to_config(config.compose(["model.n_embd=8", "model.n_head=2", "tying=hybrid"])[0])
+        to_config(compose(["model.n_embd=8", "model.n_head=2", "tying=hybrid"])[0])
 
 
 def test_a_stored_config_is_checked_against_the_schema_too():
-    cfg = config.compose([])[0]
+    cfg = compose([])[0]
     OmegaConf.set_struct(cfg, False)  # as a config.yaml read back from a run directory
     for key, message in [
         ("train.foo", "unknown config key 'train.foo'; valid keys under 'train': batch_size, beta1"),
@@ -177,16 +192,16 @@ def test_a_stored_config_is_checked_against_the_schema_too():
     ]:
         bad = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}=1"]))
         with pytest.raises(ConfigError, match=message):
-            config.to_config(bad)
+            to_config(bad)
     del cfg.train["lr"]
     with pytest.raises(ConfigError, match="train.lr is required"):
-        config.to_config(cfg)
+        to_config(cfg)
 
 
 def test_check_unique_names_both_overrides():
-    config.check_unique(config.parse_overrides(["model=nano", "model.n_layer=3"]), "here")
+    check_unique(parse_overrides(["model=nano", "model.n_layer=3"]), "here")
     with pytest.raises(ConfigError, match=r"'seed' is given twice in study 'x' \('seed=1' and 'seed=2'\)"):
-        config.check_unique(config.parse_overrides(["seed=1", "seed=2"]), "in study 'x'")
+        check_unique(parse_overrides(["seed=1", "seed=2"]), "in study 'x'")
 
 
 @pytest.mark.slow
@@ -215,8 +230,8 @@ def test_the_cli_exits_2_with_one_line_and_no_run(isolated, command, override):
 
 
 def run_name(*overrides, config_dir=None):
-    cfg, choices = config.compose(list(overrides), config_dir)
-    return config.run_name(choices, cfg, list(overrides))
+    cfg, choices = compose(list(overrides), config_dir)
+    return naming.run_name(choices, cfg, list(overrides))
 
 
 @pytest.mark.slow
@@ -279,13 +294,13 @@ def test_long_choice_names_are_cut_and_kept_apart(tmp_path):
 
 
 def test_check_name_allows_nesting_and_names_the_allowed_characters():
-    config.check_name("ablation/micro-tied_v1.2")
+    naming.check_name("ablation/micro-tied_v1.2")
     with pytest.raises(TiecliError, match=r"^run name 'a,b=c' holds ',=';.* A-Z a-z 0-9 \. _ - \(and / to nest"):
-        config.check_name("a,b=c")
+        naming.check_name("a,b=c")
 
 
 def conf(*overrides):
-    return config.to_config(config.compose(list(overrides))[0])
+    return to_config(compose(list(overrides))[0])
 
 
 def eval_steps(c):
@@ -344,27 +359,27 @@ def test_new_keys_are_checked(override, message):
 def test_config_dir_adds_choices_and_wins(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "huge.yaml").write_text("n_layer: 24\nn_head: 16\nn_embd: 1024\n")
-    cfg, choices = config.compose(["model=huge"], config_dir=tmp_path)
+    cfg, choices = compose(["model=huge"], config_dir=tmp_path)
     assert choices["model"] == "huge" and cfg.model.n_layer == 24 and cfg.model.block_size == 128
     (tmp_path / "model" / "micro.yaml").write_text(
         "n_layer: 7\nn_head: 4\nn_embd: 128\n"
     )  # same name as tiecli's: the user's wins
-    assert config.compose([], config_dir=tmp_path)[0].model.n_layer == 7
-    assert config.compose([])[0].model.n_layer == 4
+    assert compose([], config_dir=tmp_path)[0].model.n_layer == 7
+    assert compose([])[0].model.n_layer == 4
     with pytest.raises(ConfigError, match="valid choices: gpt2, huge, medium"):
-        config.compose(["model=giant"], config_dir=tmp_path)
+        compose(["model=giant"], config_dir=tmp_path)
     with pytest.raises(ConfigError, match="is not a folder"):
-        config.compose([], config_dir=tmp_path / "missing")
+        compose([], config_dir=tmp_path / "missing")
 
 
 def test_packaged_conf_is_found():
-    assert (config.default_config_dir() / "config.yaml").is_file()
+    assert (default_config_dir() / "config.yaml").is_file()
 
 
 def test_resume_may_change_what_measures_a_run_not_what_trains_it():
     from tiecli import resume
 
-    stored, choices = config.compose([])
+    stored, choices = compose([])
     cfg = resume.resume_config(stored, choices, ["train.evals=10", "eval.test=false", "diag.max_snapshots=5"])
     assert (cfg.train.evals, cfg.eval.test, cfg.diag.max_snapshots) == (10, False, 5)
     for override in ("train.warmup_fraction=0.2", "train.lr_embedding=0.01", "train.lr_output=0.01"):
@@ -375,3 +390,86 @@ def test_resume_may_change_what_measures_a_run_not_what_trains_it():
             "train.evals, train.eval_batches, train.log_interval, train.checkpoint_interval, "
             "train.checkpoints, eval.test and diag.* keys (start a new run with another --name)"
         )  # no logger.*: no such key
+
+
+def test_check_name_for_a_sweep_refuses_nesting_with_its_own_words():
+    naming.check_name("micro_lr-sweep.2", sweep=True)
+    for name in ("a/b", "", "a b"):
+        with pytest.raises(ConfigError, match=r"^--name .* may only hold letters, digits, '\.', '_' and '-'$"):
+            naming.check_name(name, sweep=True)
+
+
+def test_a_launcher_of_ones_own_in_config_dir_runs_as_the_kind_its_keys_say(isolated):
+    """conf/launcher/ is the one list of launchers: a file added through --config-dir is one (it was refused),
+    run by the launcher whose keys it has: slurm: keys submit to SLURM, local: keys run here."""
+    from conftest import TINY
+
+    from tiecli import sweep
+    from tiecli.cli import app
+
+    mine = isolated / "mine" / "launcher"
+    mine.mkdir(parents=True)
+    slurm = (default_config_dir() / "launcher" / "submitit_slurm.yaml").read_text()
+    (mine / "a100.yaml").write_text(slurm.replace("partition: null", "partition: a100"))
+    (mine / "four_threads.yaml").write_text("local:\n  threads_per_job: 4\n")
+    args = ["sweep", *TINY, "seed=0,1", "--launcher", "a100", "--config-dir", "mine", "--dry-run", "--no-estimate"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "submitit_slurm: the 2 job(s) to run go to SLURM as one array with" in result.output.splitlines()
+    assert "#SBATCH --partition=a100" in {line.strip() for line in result.output.splitlines()}
+    own = sweep.launch_options("four_threads", [], isolated / "mine", None, None)
+    assert (own.name, own.settings.kind, own.settings.local) == (
+        "four_threads",
+        "basic",
+        LocalLauncher(threads_per_job=4),
+    )
+    kinds = {
+        name: sweep.launch_options(name, [], None, None, None).settings.kind for name in ("basic", "submitit_local")
+    }
+    assert kinds == {"basic": "basic", "submitit_local": "submitit_local"}
+
+
+def test_a_launcher_file_is_refused_in_one_line_when_its_kind_cannot_run(isolated):
+    from tiecli.config.compose import compose_launcher
+
+    mine = isolated / "mine" / "launcher"
+    mine.mkdir(parents=True)
+    (mine / "both.yaml").write_text("local:\n  threads_per_job: 1\nslurm:\n  time: 5\n")
+    with pytest.raises(ConfigError, match=r"both\.yaml' has keys local, slurm; a launcher file has local: keys"):
+        compose_launcher("both", [], isolated / "mine")
+    # submitit's local executor needs its time limit and warning (it failed on an assert when they were null)
+    with pytest.raises(ConfigError, match=r"^launcher.local.timeout_min and signal_delay_s are submitit's time limit"):
+        compose_launcher("submitit_local", ["launcher.local.timeout_min=null"])
+    (mine / "no_limit.yaml").write_text("local:\n  threads_per_job: null\n  timeout_min: null\n  signal_delay_s: 90\n")
+    with pytest.raises(ConfigError, match=r"^launcher.local.timeout_min and signal_delay_s are submitit's time limit"):
+        compose_launcher("no_limit", [], isolated / "mine")  # a submitit_local by its keys, even with a null in one
+
+
+def test_an_old_run_reads_the_keys_conf_gained_at_confs_defaults_but_added_at_its_old_behaviour(tmp_path):
+    """A run's config.yaml is recomposed over conf/'s defaults for its own group choices: a run written today reads
+    back as written, key order included; one written before a key existed gets conf/'s default for it, except the
+    keys in ADDED, whose old behaviour differs from conf/'s default (eval.max_tokens: whole splits, not 2M tokens)."""
+    from tiecli import rundir
+    from tiecli.config.compose import ADDED, from_run, recompose
+
+    stored, choices = compose(["model=nano", "tying=untied", "train.lr=0.001"])
+    today = OmegaConf.to_container(stored)
+    assert OmegaConf.to_yaml(recompose(today, choices)) == OmegaConf.to_yaml(stored)
+    old = OmegaConf.to_container(stored)
+    for section, key in (("eval", "max_tokens"), ("train", "checkpoints"), ("train", "sample_tokens")):
+        del old[section][key]
+    del old["logger"]
+    c = from_run(old, choices, tmp_path / "config.yaml")
+    assert (
+        (c.eval.max_tokens, c.train.checkpoints)
+        == (ADDED["eval.max_tokens"], ADDED["train.checkpoints"])
+        == (None, None)
+    )
+    assert to_config(stored).eval.max_tokens == 2097152  # what a new run gets: ADDED's value is data, not the default
+    assert (c.train.sample_tokens, c.logger.tensorboard, c.train.lr, c.model.n_layer) == (0, None, 0.001, 2)
+    assert set(ADDED) <= set(rundir.flatten(today))  # every ADDED key is one conf/ still defines
+    # a choice conf/ no longer has: the stored config is checked as it is, and named
+    gone = {**choices, "model": "gone"}
+    assert from_run(today, gone, tmp_path / "config.yaml").model.n_layer == 2
+    with pytest.raises(TiecliError, match=r"^'.*config\.yaml' is not a valid tiecli config: eval\.max_tokens is requi"):
+        from_run(old, gone, tmp_path / "config.yaml")

@@ -7,8 +7,10 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import config, diagnostics, tokenizer, train
+from tiecli import diagnostics, tokenizer, train
 from tiecli.cli import app
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, default_config_dir, to_yaml
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, GPTConfig
 from tiecli.pairs import form_pairs, pairs_file, read_pairs_file
@@ -165,7 +167,7 @@ def test_shipped_pairs_by_name():
     assert info["skipped_lines"] < 50  # a few words GPT-2 splits in two
     words = {enc.decode([t]).strip() for pair in pairs for t in pair}
     assert {"walk", "walked", "king", "kings", "run", "ran", "good", "better", "happy", "happiness"} <= words
-    assert pairs_file("en") == config.default_config_dir() / "pairs" / "en.tsv"
+    assert pairs_file("en") == default_config_dir() / "pairs" / "en.tsv"
     with pytest.raises(TiecliError, match=r"no shipped pairs file 'xx' \(shipped: en, ru\); give a path such as ./xx"):
         form_pairs(enc, "xx")
 
@@ -182,13 +184,13 @@ def test_shipped_english_pairs_file_is_well_formed():
 
 
 def test_pairs_default_to_the_shipped_english_file():
-    cfg, _ = config.compose([])
+    cfg, _ = compose([])
     assert cfg.diag.pairs == "en"
 
 
 def run(tmp_path, name, *overrides):
-    cfg, _ = config.compose([*TINY, *overrides])
-    train.train(config.to_config(cfg), tmp_path / name, False, {CONFIG: config.to_yaml(cfg)})
+    cfg, _ = compose([*TINY, *overrides])
+    train.train(to_config(cfg), tmp_path / name, False, {CONFIG: to_yaml(cfg)})
     return [r.to_dict() for r in RunReader(tmp_path / name).metrics()]
 
 

@@ -22,9 +22,11 @@ import torch
 from helpers import rows
 from typer.testing import CliRunner
 
-from tiecli import config, distributed
+from tiecli import distributed
 from tiecli.cli import app
-from tiecli.config import TrainConfig
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose
+from tiecli.config.schema import TrainConfig
 from tiecli.errors import ConfigError
 
 RUN = [
@@ -192,8 +194,8 @@ def test_gpu_check_skips_cleanly_without_cuda():
 
 def test_the_batch_line_says_how_the_batch_is_made_only_when_it_is_more_than_one_micro_batch():
     one, accum = (
-        config.to_config(config.compose([])[0]).train,
-        config.to_config(config.compose(["train.grad_accum=2"])[0]).train,
+        to_config(compose([])[0]).train,
+        to_config(compose(["train.grad_accum=2"])[0]).train,
     )
     assert distributed.batch_line(one, 128) == "batch 16 sequences (2,048 tokens) a step"
     assert distributed.batch_line(accum, 128) == "batch 32 sequences (4,096 tokens) a step = 16 x 2 micro-steps"

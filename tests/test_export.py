@@ -12,8 +12,10 @@ from helpers import train_process
 from typer.testing import CliRunner
 
 from tests.conftest import TINY
-from tiecli import checkpoint, config, tokenizer
+from tiecli import checkpoint, tokenizer
 from tiecli.cli import app
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, to_yaml
 from tiecli.model import GPT, TYING_MODES
 from tiecli.run.files import atomic_write
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
@@ -37,14 +39,14 @@ MODE_OVERRIDES = {
 def fake_run(path, mode, *extra):
     """A run directory holding config.yaml and a last.pt with random weights: every parameter, lm_u and
     lm_bias included (zero at init), is non-trivial, so a wrong mapping cannot hide behind a zero."""
-    cfg, _ = config.compose([*SHAPE, *MODE_OVERRIDES.get(mode, [f"tying={mode}"]), *extra])
-    run_config = config.to_config(cfg)
+    cfg, _ = compose([*SHAPE, *MODE_OVERRIDES.get(mode, [f"tying={mode}"]), *extra])
+    run_config = to_config(cfg)
     model = GPT(run_config.model, seed=3)
     with torch.no_grad():
         g = torch.Generator().manual_seed(7)
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    atomic_write(path / CONFIG, config.to_yaml(cfg))
+    atomic_write(path / CONFIG, to_yaml(cfg))
     atomic_write(path / OVERRIDES, "overrides: []\nchoices: {}\n")
     state = {"model": model.state_dict(), "optimizer": {}, "rng": {}, "state": {"step": 5}}
     atomic_write(path / CHECKPOINT, checkpoint.to_bytes(state))
@@ -159,7 +161,7 @@ def test_trained_bpe_run_exports_its_tokenizer(tmp_path):
     assert result.exit_code == 0, result.output
     from tiecli.data import load_corpus
 
-    run_config = config.to_config(config.compose(overrides)[0])
+    run_config = to_config(compose(overrides)[0])
     corpus = load_corpus(run_config.data, run_config.tokenizer)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     text = "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer"

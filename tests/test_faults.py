@@ -374,7 +374,7 @@ def test_an_extension_stopped_midway_resumes_to_its_new_end(done, monkeypatch):
     )
 
 
-# --- 4. a NaN loss (the config values are at the end: config.py is changing) --------------------------------
+# --- 4. a NaN loss (the config values are at the end: tiecli/config/ is changing) --------------------------------
 
 
 def test_a_nan_loss_fails_the_run_and_keeps_the_checkpoint_from_before(isolated, monkeypatch):
@@ -765,7 +765,7 @@ def test_a_group_given_twice_is_refused(isolated):
     assert not (isolated / "runs").exists()
 
 
-# --- 4. config values through the CLI (config.py's checks) ----------------------------------------------------------
+# --- 4. config values through the CLI (tiecli/config/checks.py) ----------------------------------------------------------
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ import torch
 from conftest import TINY
 from omegaconf import OmegaConf
 
-from tiecli import config, distributed, runtime, train
+from tiecli import distributed, runtime, train
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, recompose, to_yaml
 from tiecli.errors import ConfigError
 from tiecli.run.layout import CONFIG, OVERRIDES, SUMMARY
 from tiecli.run.reader import RunReader
@@ -15,9 +17,9 @@ from tiecli.run.reader import RunReader
 
 def tiny_run(tmp_path, *overrides):
     keys = {o.split("=", 1)[0] for o in overrides}
-    cfg, _ = config.compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
-    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: "overrides: []\n"}
-    return train.train(config.to_config(cfg), tmp_path / "run", False, files)
+    cfg, _ = compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
+    files = {CONFIG: to_yaml(cfg), OVERRIDES: "overrides: []\n"}
+    return train.train(to_config(cfg), tmp_path / "run", False, files)
 
 
 @pytest.mark.slow
@@ -46,16 +48,16 @@ def test_summary_records_the_peak_memory(tmp_path, monkeypatch):
 def test_hardware_auto_picks_gpu_defaults_where_cuda_is(monkeypatch):
     """With CUDA, hardware=auto is hardware=gpu: 16 x 1024-token micro-batches, 20 evaluations and 10
     checkpoints a run; device=cpu keeps the CPU defaults, and hardware=gpu picks them without a GPU."""
-    cpu = config.to_config(config.compose([])[0])
+    cpu = to_config(compose([])[0])
     assert (cpu.train.batch_size, cpu.model.block_size, cpu.train.evals, cpu.train.checkpoints) == (16, 128, 5, None)
-    assert config.to_config(config.compose(["hardware=gpu"])[0]).model.block_size == 1024
+    assert to_config(compose(["hardware=gpu"])[0]).model.block_size == 1024
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    gpu = config.to_config(config.compose([])[0])
+    gpu = to_config(compose([])[0])
     assert (gpu.train.batch_size, gpu.model.block_size, gpu.train.evals, gpu.train.checkpoints) == (16, 1024, 20, 10)
     assert gpu.tokens_per_step == distributed.MIN_GPU_BATCH_TOKENS
-    assert config.compose(["device=cpu"])[0].model.block_size == 128
-    assert config.compose(["hardware=cpu"])[0].train.evals == 5
-    own = config.compose(["model=nano", "model.block_size=256"])[0]  # a given value wins over hardware's
+    assert compose(["device=cpu"])[0].model.block_size == 128
+    assert compose(["hardware=cpu"])[0].train.evals == 5
+    own = compose(["model=nano", "model.block_size=256"])[0]  # a given value wins over hardware's
     assert own.model.block_size == 256 and own.train.batch_size == 16
 
 
@@ -64,11 +66,11 @@ def test_explicit_settings_win_over_the_scaled_defaults(monkeypatch):
     """TINY's train.eval_interval, warmup_steps and checkpoint_interval, given alone, replace the defaults
     of train.evals, warmup_fraction and checkpoints, on the GPU defaults too."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    c = config.to_config(config.compose(TINY)[0])
+    c = to_config(compose(TINY)[0])
     assert (c.train.batch_size, c.model.block_size) == (4, 32)
     assert (c.train.evals, c.train.warmup_fraction, c.train.checkpoints) == (None, None, None)
     assert (c.warmup, c.n_evals, [s for s in range(1, 13) if c.is_checkpoint_step(s)]) == (2, 2, [6, 12])
-    both = config.to_config(config.compose([*TINY, "train.evals=3", "train.checkpoints=3"])[0])
+    both = to_config(compose([*TINY, "train.evals=3", "train.checkpoints=3"])[0])
     assert [s for s in range(1, 13) if both.is_eval_step(s)] == [4, 8, 12]
     assert [s for s in range(1, 13) if both.is_checkpoint_step(s)] == [4, 8, 12]
 
@@ -77,24 +79,24 @@ def test_old_runs_keep_their_checkpoint_interval(monkeypatch):
     """A run written before train.checkpoints existed reads it as null (every checkpoint_interval), even where
     the gpu defaults would give 10."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    stored, choices = config.compose(TINY)
+    stored, choices = compose(TINY)
     old = OmegaConf.to_container(stored)
     del old["train"]["checkpoints"]
-    upgraded = config.to_config(config.upgraded(old, choices))
+    upgraded = to_config(recompose(old, choices))
     assert upgraded.train.checkpoints is None and upgraded.train.checkpoint_interval == 6
 
 
 def test_unknown_hardware_is_one_line():
     with pytest.raises(ConfigError, match=r"^unknown hardware 'tpu'; valid choices: auto, cpu, gpu$"):
-        config.compose(["hardware=tpu"])
+        compose(["hardware=tpu"])
 
 
 def test_a_small_micro_batch_on_cuda_gets_a_warning():
-    t = config.to_config(config.compose(TINY)[0]).train
+    t = to_config(compose(TINY)[0]).train
     line = distributed.small_batch_warning(torch.device("cuda"), t, 32)
     assert line is not None and "4 x 32 = 128 tokens" in line and "\n" not in line
     assert distributed.small_batch_warning(torch.device("cpu"), t, 32) is None
-    gpu = config.to_config(config.compose(["hardware=gpu"])[0])
+    gpu = to_config(compose(["hardware=gpu"])[0])
     assert distributed.small_batch_warning(torch.device("cuda"), gpu.train, gpu.model.block_size) is None
 
 
@@ -112,4 +114,4 @@ def test_the_final_evaluation_is_bounded_and_its_time_told_before_training(tmp_p
 
 def test_eval_max_tokens_below_a_window_is_one_line():
     with pytest.raises(ConfigError, match=r"^eval.max_tokens=16 must be at least model.block_size=32"):
-        config.to_config(config.compose([*TINY, "eval.max_tokens=16"])[0])
+        to_config(compose([*TINY, "eval.max_tokens=16"])[0])

@@ -5,7 +5,10 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import config, optim, runtime, train
+from tiecli import optim, runtime, train
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, to_yaml
+from tiecli.errors import ConfigError
 from tiecli.run.layout import CHECKPOINT, CONFIG
 from tiecli.run.reader import RunReader
 
@@ -41,8 +44,8 @@ def test_inductor_cache_lives_under_the_tiecli_cache(monkeypatch, tmp_path):
 
 
 def test_a_bad_compile_value_is_one_line():
-    with pytest.raises(config.ConfigError, match="compile='sometimes' is not valid; choose one of auto, true, false"):
-        config.to_config(config.compose(["compile=sometimes"])[0])
+    with pytest.raises(ConfigError, match="compile='sometimes' is not valid; choose one of auto, true, false"):
+        to_config(compose(["compile=sometimes"])[0])
 
 
 def weights(run_dir):
@@ -66,8 +69,8 @@ def one_thread(monkeypatch):
 def test_compiled_training_resumes_exactly_and_agrees_with_eager(tmp_path, monkeypatch, one_thread):
     """compile=true: the whole step compiled; Ctrl-C during step 5 and --resume give the uninterrupted
     run's weights bit for bit, and those agree with the eager run's within fp32 rounding."""
-    cfg_node, _ = config.compose([*TINY, "compile=true", "dtype=fp32", "diag.geometry=false", "eval.test=false"])
-    cfg, files = config.to_config(cfg_node), {CONFIG: config.to_yaml(cfg_node)}
+    cfg_node, _ = compose([*TINY, "compile=true", "dtype=fp32", "diag.geometry=false", "eval.test=false"])
+    cfg, files = to_config(cfg_node), {CONFIG: to_yaml(cfg_node)}
     train.train(cfg, tmp_path / "whole", False, files)
     assert RunReader(tmp_path / "whole").summary().compile is True
 
@@ -86,7 +89,7 @@ def test_compiled_training_resumes_exactly_and_agrees_with_eager(tmp_path, monke
     whole, split = weights(tmp_path / "whole"), weights(tmp_path / "split")
     assert all(torch.equal(whole[k], split[k]) for k in whole)
 
-    eager_cfg = config.to_config(config.compose([*TINY, "compile=false", "dtype=fp32", "diag.geometry=false"])[0])
+    eager_cfg = to_config(compose([*TINY, "compile=false", "dtype=fp32", "diag.geometry=false"])[0])
     train.train(eager_cfg, tmp_path / "eager", False, files)
     eager = weights(tmp_path / "eager")
     assert all(torch.allclose(whole[k], eager[k], atol=1e-5, rtol=1e-4) for k in whole)

@@ -9,7 +9,9 @@ import torch
 from conftest import TINY
 from helpers import one_line_error, tiecli
 
-from tiecli import checkpoint, config, tokenizer
+from tiecli import checkpoint, tokenizer
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import TiecliError
 from tiecli.model import GPT, TYING_MODES
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
@@ -20,12 +22,12 @@ from tiecli.sample import Options, draw, encode_prompt, pick, prepare, sample_ru
 
 def make_run(path: Path, *overrides: str, weights: bool = True):
     """A run directory whose checkpoint holds a freshly initialised model (seed 1) at step 0: no training needed."""
-    cfg, choices = config.compose([*TINY, *overrides])
-    c = config.to_config(cfg)
+    cfg, choices = compose([*TINY, *overrides])
+    c = to_config(cfg)
     summary = Summary(
         path.name, "completed", 0, {}, 12, 128, 0, 0, "cpu", "fp32", False, {}, {}, "2026-01-01T00:00:00+00:00"
     )
-    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
+    files = {CONFIG: to_yaml(cfg), OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
     model = GPT(c.model, seed=1)
     with RunWriter.create(path, files, summary, b"") as run:
         if weights:

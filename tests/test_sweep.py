@@ -15,7 +15,7 @@ from conftest import TINY
 from helpers import one_line_error, tiecli
 from rich.console import Console
 
-from tiecli import config
+from tiecli.config.compose import default_config_dir
 from tiecli.run.layout import MANIFEST, SUMMARY
 from tiecli.run.reader import RunReader
 from tiecli.run.records import SweepJob, read_manifest
@@ -383,7 +383,7 @@ def test_a_dry_run_shows_each_jobs_size_and_the_total(isolated):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", sorted((config.default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((default_config_dir() / "study").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_study_expands_and_documents_itself(isolated, path):
     result = tiecli("sweep", f"study={path.stem}", "--dry-run", "--no-estimate")
     assert result.exit_code == 0 and result.output.splitlines()[-1].startswith("total: "), result.output

@@ -11,8 +11,9 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import config, trackers
+from tiecli import trackers
 from tiecli.cli import app
+from tiecli.config.compose import compose, to_yaml
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES, TRACKERS
 from tiecli.run.reader import RunReader
 from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
@@ -141,11 +142,11 @@ def test_trackers_mirror_the_run_directory(tmp_path):
 
 def make_run(path: Path, *overrides: str) -> RunWriter:
     """A run directory with a config and a summary, no training: what RunWriter sends its trackers is under test."""
-    cfg, choices = config.compose([*TINY, *overrides])
+    cfg, choices = compose([*TINY, *overrides])
     summary = Summary(
         path.name, "running", 0, {}, 12, 128, 0, 0, "cpu", "fp32", False, {}, {}, "2026-01-01T00:00:00+00:00"
     )
-    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
+    files = {CONFIG: to_yaml(cfg), OVERRIDES: f"overrides: []\nchoices: {json.dumps(choices)}\n"}
     return trackers.create_run(path, files, summary, b"")
 
 

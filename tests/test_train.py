@@ -5,7 +5,9 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import config, optim, prepare, train
+from tiecli import optim, prepare, train
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import TiecliError
 from tiecli.run.layout import CHECKPOINT, CONFIG, INIT_CHECKPOINT, METRICS, OVERRIDES
 from tiecli.run.reader import RunReader
@@ -17,9 +19,9 @@ GET_BATCH, EVALUATE = prepare.get_batch, train.evaluate
 def setup(*overrides):
     """TINY with the overrides (which replace TINY's values of the same keys): the Config and the run's files."""
     keys = {o.split("=", 1)[0] for o in overrides}
-    cfg, choices = config.compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
-    files = {CONFIG: config.to_yaml(cfg), OVERRIDES: "overrides: []\n"}
-    return config.to_config(cfg), files
+    cfg, choices = compose([*(o for o in TINY if o.split("=", 1)[0] not in keys), *overrides])
+    files = {CONFIG: to_yaml(cfg), OVERRIDES: "overrides: []\n"}
+    return to_config(cfg), files
 
 
 def metrics(run_dir):

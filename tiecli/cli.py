@@ -157,10 +157,11 @@ def info(
     Example: tiecli info model=gpt2 tokenizer=gpt2 tying=tied
     """
     with user_errors():
-        from tiecli import config
+        from tiecli.config.checks import to_config
+        from tiecli.config.compose import compose, to_yaml
 
-        cfg, choices = config.compose(overrides or [], config_dir)
-        run_config = config.to_config(cfg)
+        cfg, choices = compose(overrides or [], config_dir)
+        run_config = to_config(cfg)
         from tiecli.model import count_params
 
         counts = count_params(run_config.model)
@@ -172,7 +173,7 @@ def info(
                 )
             )
             return
-        console.print(config.to_yaml(cfg), highlight=False, markup=False)
+        console.print(to_yaml(cfg), highlight=False, markup=False)
         console.print(display.params_table(counts, f"parameters ({', '.join(f'{k}={v}' for k, v in choices.items())})"))
 
 

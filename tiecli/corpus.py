@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiecli.config import DataConfig
+from tiecli.config.schema import DataConfig
 from tiecli.errors import ConfigError, TiecliError
 
 SHAKESPEARE = Path(__file__).parent / "assets" / "shakespeare.jsonl.xz"

@@ -32,7 +32,7 @@ import numpy as np
 import tiktoken
 
 from tiecli import tokenizer
-from tiecli.config import DataConfig, TokenizerConfig
+from tiecli.config.schema import DataConfig, TokenizerConfig
 from tiecli.corpus import READ_BYTES, Source, cache_dir, cannot_read, source
 from tiecli.errors import TiecliError
 

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 from tiecli import checkpoint, distributed, geometry, trackers
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.data import BUCKETS, load_corpus
 from tiecli.errors import TiecliError
 from tiecli.model import Embeddings

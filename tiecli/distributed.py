@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tiecli.config import TrainConfig
+from tiecli.config.schema import TrainConfig
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.runtime import affinity
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from tiecli import checkpoint, trackers
 from tiecli.batches import eval_windows
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.data import BUCKETS, Corpus, load_corpus
 from tiecli.model import GPT
 from tiecli.run.reader import RunReader

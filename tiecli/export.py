@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from tiecli import checkpoint, tokenizer
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.errors import TiecliError
 from tiecli.model import GPT
 from tiecli.run.layout import CHECKPOINT

@@ -11,9 +11,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tiecli import config, distributed
+from tiecli import distributed
 from tiecli import resume as resuming
-from tiecli.config import Config
+from tiecli.config.checks import to_config
+from tiecli.config.compose import compose, from_run, to_yaml
+from tiecli.config.naming import check_name, run_name
+from tiecli.config.schema import Config
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.run.layout import CONFIG, OVERRIDES, SUMMARY, is_run_dir, run_path
 from tiecli.run.reader import RunReader
@@ -36,7 +39,7 @@ def train(
         path, cfg, files = distributed.from_rank0(plan)
         if path is None:
             return None
-        run_config = config.to_config(cfg)
+        run_config = to_config(cfg)
         summary = run_training(run_config, path, resume, files, config_dir)
     return None if summary is None else (path, summary, run_config)  # None on ranks other than 0
 
@@ -52,7 +55,7 @@ def start_ranks(
         path, cfg, _ = plan_new_run(runs_dir, name, overrides, config_dir)
     if path is None:
         return 0
-    distributed.rank_shape(config.to_config(cfg).train, nproc)
+    distributed.rank_shape(to_config(cfg).train, nproc)
     args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
     args += [*(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
     return distributed.torchrun(nproc, ["train", *args])
@@ -95,16 +98,16 @@ def resume_command(path: Path, config_dir: Path | None) -> str:
 
 def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None):
     """The path, config and files of a new run; refuses a name taken by a run worth keeping."""
-    cfg, choices = config.compose(overrides, config_dir)
-    path = run_path(runs_dir, name if name is not None else config.run_name(choices, cfg, overrides))
+    cfg, choices = compose(overrides, config_dir)
+    path = run_path(runs_dir, name if name is not None else run_name(choices, cfg, overrides))
     if name is not None:  # after run_path's checks (length, leaving runs_dir); --resume takes older names as they are
-        config.check_name(name)
+        check_name(name)
     if is_run_dir(path) and not discard_unstarted(path):
         raise TiecliError(
             f"run {path.name!r} already exists in {str(runs_dir)!r}; add --resume to continue it or --name for a new one"
         )
     files = {
-        CONFIG: config.to_yaml(cfg),
+        CONFIG: to_yaml(cfg),
         OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
     }
     return path, cfg, files
@@ -114,7 +117,8 @@ def load_run_config(run: Path):
     """A run directory's config.yaml as a checked Config."""
     if not is_run_dir(run):
         raise TiecliError(f"{str(run)!r} is not a run directory (it has no {SUMMARY} or {CONFIG})")
-    return config.from_dict(RunReader(run).config(), run)
+    reader = RunReader(run)
+    return from_run(reader.config(), reader.overrides().get("choices", {}), run / CONFIG)
 
 
 def find_run(run: Path, runs_dir: Path) -> Path:

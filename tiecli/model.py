@@ -25,7 +25,7 @@ TYING_MODES = ("untied", "tied", "tied_bias", "scaled", "partial", "hybrid", "un
 class GPTConfig:
     """The model's shape and tying mode.
 
-    The sizes have no defaults: conf/ holds them, and tiecli/config.py fills every field from there.
+    The sizes have no defaults: conf/ holds them, and tiecli/config/checks.py fills every field from there.
     The rest default to nanoGPT's choices (no dropout, biases, tied) and, for the settings that only
     some modes have, to stand-ins for the other modes (conf/ gives each mode only its own settings).
     """

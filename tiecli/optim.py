@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from tiecli.config import Config, TrainConfig
+from tiecli.config.schema import Config, TrainConfig
 from tiecli.model import GPT
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import tiktoken
 
 from tiecli import tokenizer
-from tiecli.config import default_config_dir
+from tiecli.config.compose import default_config_dir
 from tiecli.errors import TiecliError
 
 _VOWELS = frozenset("aeiouAEIOU")

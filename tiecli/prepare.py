@@ -9,7 +9,7 @@ import torch
 
 from tiecli import distributed
 from tiecli.batches import StepBatches, get_batch
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.data import Corpus, load_corpus
 from tiecli.errors import TiecliError
 from tiecli.model import GPT

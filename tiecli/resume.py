@@ -18,7 +18,11 @@ from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
-from tiecli import checkpoint, config, distributed
+from tiecli import checkpoint, distributed
+from tiecli.config.checks import to_config
+from tiecli.config.compose import check_unique, compose, parse_overrides, recompose, to_yaml
+from tiecli.config.naming import run_name
+from tiecli.config.schema import GROUPS
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPTConfig
 from tiecli.run.layout import CHECKPOINT, CONFIG, INIT_CHECKPOINT, METRICS, SUMMARY, is_run_dir, run_path
@@ -43,11 +47,11 @@ EXTENDABLE_PREFIXES = ("diag.",)
 def resume_config(stored: DictConfig, choices: dict[str, str], overrides: list[str]) -> DictConfig:
     """The stored config with the overrides applied; ConfigError naming the first key they may not change."""
     cfg = copy.deepcopy(stored)
-    parsed = config.parse_overrides(overrides)
-    config.check_unique(parsed, "on the command line")  # as for a new run: the last of two values never wins in silence
+    parsed = parse_overrides(overrides)
+    check_unique(parsed, "on the command line")  # as for a new run: the last of two values never wins in silence
     for o in parsed:
         key = o.key_or_group
-        if key in config.GROUPS:
+        if key in GROUPS:
             if str(o.value()) != choices.get(key):
                 raise ConfigError(
                     f"this run was trained with {key}={choices.get(key)}; --resume cannot change it "
@@ -78,23 +82,23 @@ def plan(
     the checkpoint, checked again when it is loaded, has each rank's data and RNG streams).
     """
     if name is None:  # the run the same overrides would have named
-        cfg, choices = config.compose(overrides, config_dir)
-        name = config.run_name(choices, cfg, overrides)
+        cfg, choices = compose(overrides, config_dir)
+        name = run_name(choices, cfg, overrides)
     path = run_path(runs_dir, name)
     if not is_run_dir(path):
         raise TiecliError(f"there is no run {name!r} in {str(runs_dir)!r} to resume; leave out --resume to start it")
     reader = RunReader(path)
     choices = reader.overrides()["choices"]
-    cfg = resume_config(config.upgraded(reader.config(), choices), choices, overrides)
+    cfg = resume_config(recompose(reader.config(), choices), choices, overrides)
     summary = reader.summary()
     distributed.refuse_world_size(name, summary.world_size, world_size)
-    if summary.status == "completed" and config.to_config(cfg).max_steps <= summary.step:
+    if summary.status == "completed" and to_config(cfg).max_steps <= summary.step:
         print(
             f"run {name} is already complete (step {summary.step}); extend it with e.g. train.max_steps={2 * summary.step}"
         )
         return None, cfg, {}
-    check_files(reader, config.to_config(cfg).model)  # at once, before the data and model are built
-    return path, cfg, {CONFIG: config.to_yaml(cfg)}
+    check_files(reader, to_config(cfg).model)  # at once, before the data and model are built
+    return path, cfg, {CONFIG: to_yaml(cfg)}
 
 
 def check_files(reader: RunReader, model: GPTConfig) -> None:

@@ -13,7 +13,7 @@ import torch
 import tiecli
 from tiecli import baselines, checkpoint, distributed, trackers
 from tiecli import resume as resuming
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.errors import TiecliError
 from tiecli.prepare import Setup
 from tiecli.run.files import now

@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tiecli import checkpoint
-from tiecli.config import SEED_LIMIT, Config
+from tiecli.config.checks import SEED_LIMIT
+from tiecli.config.schema import Config
 from tiecli.data import load_corpus
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.model import GPT, KVCache

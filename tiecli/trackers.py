@@ -27,10 +27,11 @@ import numpy as np
 import yaml
 
 from tiecli import checkpoint
-from tiecli import config as configs
+from tiecli.config.compose import from_run
 from tiecli.data import load_corpus
 from tiecli.errors import TiecliError
 from tiecli.run.layout import CONFIG, MANIFEST
+from tiecli.run.reader import RunReader
 from tiecli.run.records import Summary, flatten
 from tiecli.run.writer import RunWriter
 from tiecli.tokenizer import token_strings
@@ -247,7 +248,7 @@ def projector(writer, run: Path, config: dict, limit: int | None, step: int) -> 
     Read back from the run's last checkpoint; with `limit`, only the most frequent tokens of the
     training split (the projector holds every point in the browser).
     """
-    c = configs.from_dict(config, run)
+    c = from_run(config, RunReader(run).overrides().get("choices", {}), run / CONFIG)
     ckpt = checkpoint.load_last(run)
     emb = checkpoint.embeddings_of(ckpt, c.model, run.name)
     corpus = load_corpus(c.data, c.tokenizer)

@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 
 from tiecli import checkpoint, diagnostics, distributed
-from tiecli.config import Config
+from tiecli.config.schema import Config
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, expected_line, final_windows

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from tiecli import config
+from tiecli.config.schema import Config, LauncherConfig
 from tiecli.display import duration
 from tiecli.model import GPT, count_params
 from tiecli.optim import make_optimizer
@@ -43,7 +43,7 @@ BUDGET_S = 5.0
 def dry_run_lines(
     sweep_dir: Path,
     manifest: SweepManifest,
-    configs: dict[str, config.Config],
+    configs: dict[str, Config],
     launch: Launch | None = None,
     timed: bool = False,
     console: Console | None = None,
@@ -72,7 +72,7 @@ def dry_run_lines(
         )
     steps, tokens, disk = (sum(s[key] for s in sizes) for key in ("steps", "tokens", "disk"))
     lines.append(f"total: {len(sizes)} job(s), {steps:,} steps, {tokens:,} tokens, disk {size_text(disk)}")
-    if launch and launch.name == "submitit_slurm":
+    if launch and launch.settings.kind == "submitit_slurm":
         params = slurm_parameters(launch.settings, manifest.name, launch.gpus_per_job)
         folder = sweep_dir.resolve() / SUBMITIT_FOLDER
         lines.append(f"submitit_slurm: the {len(left)} job(s) to run go to SLURM as one array with")
@@ -82,7 +82,7 @@ def dry_run_lines(
     return lines
 
 
-def job_size(cfg: config.Config) -> dict:
+def job_size(cfg: Config) -> dict:
     """What one job does and the disk it fills: steps, tokens, evaluations, warmup steps, parameters and bytes.
 
     The checkpoint holds the weights and AdamW's two moments; each snapshot (diag.snapshots, at step 0 and
@@ -116,7 +116,7 @@ def size_text(n: int) -> str:
 
 
 def estimate_lines(
-    configs: dict[str, config.Config], done_steps: dict[str, int], launch: Launch | None, console: Console | None
+    configs: dict[str, Config], done_steps: dict[str, int], launch: Launch | None, console: Console | None
 ) -> list[str]:
     """The sweep's wall time: a few steps of each model size timed here, then the jobs scheduled on the slots
     the launcher runs at once (GPUs here, the SLURM array's parallelism; on a CPU the jobs share its cores)."""
@@ -134,8 +134,8 @@ def estimate_lines(
                 f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
             )
     seconds = [job_seconds(c, paces[size_key(c)], done_steps[n]) for n, c in configs.items()]
-    launch = launch or Launch("basic", config.LauncherConfig(), 1)
-    if launch.name == "submitit_slurm":
+    launch = launch or Launch("basic", LauncherConfig("basic"), 1)
+    if launch.settings.kind == "submitit_slurm":
         assert launch.settings.slurm is not None
         slots, how = (
             launch.settings.slurm.array_parallelism,
@@ -173,12 +173,12 @@ class Pace:
         return f"{where}, with {self.busy:.1f} of {self.cpus} cores busy with other processes (assumed to last)"
 
 
-def size_key(c: config.Config) -> tuple:
+def size_key(c: Config) -> tuple:
     """What sets a step's time: the model (shape, vocabulary, tying), the batch, device, precision and compile."""
     return (repr(dataclasses.asdict(c.model)), c.train.batch_size, c.train.grad_accum, c.device, c.dtype, c.compile)
 
 
-def measure(c: config.Config, clock: Callable[[], float] = time.perf_counter) -> Pace:
+def measure(c: Config, clock: Callable[[], float] = time.perf_counter) -> Pace:
     """Time a few optimizer steps and an evaluation batch of this config's model here, on random tokens."""
     device = pick_device(c.device)
     threads = use_threads(device)
@@ -227,7 +227,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def job_seconds(c: config.Config, pace: Pace, done_steps: int = 0) -> float:
+def job_seconds(c: Config, pace: Pace, done_steps: int = 0) -> float:
     """The time left for a job at this pace: its remaining steps and in-training evaluations (two subsets each)."""
     steps_left = max(0, c.max_steps - done_steps)
     evals_left = c.n_evals - c.evals_by(done_steps) + (1 if done_steps == 0 else 0)  # step 0's evaluation too

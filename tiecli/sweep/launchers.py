@@ -30,9 +30,8 @@ from tiecli.run.files import now
 from tiecli.run.layout import is_run_dir
 
 if TYPE_CHECKING:  # a submitit job imports this module to run run_job: it needs neither torch nor Hydra
-    from tiecli import config
+    from tiecli.config.schema import LauncherConfig
 
-LAUNCHERS = ("basic", "submitit_local", "submitit_slurm")
 CLUSTER_EXTRA = "pip install 'tiecli[cluster]'"
 SUBMITIT_FOLDER = "submitit"  # inside the sweep folder: submitit's pickles and its own logs, per job id
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -262,9 +261,9 @@ class Basic:
 class Submitit:
     """Jobs through submitit: `cluster` local (a controller process per job) or slurm (one job array per submission)."""
 
-    def __init__(self, name: str, folder: Path, settings: "config.LauncherConfig", gpus_per_job: int | None):
+    def __init__(self, name: str, folder: Path, settings: "LauncherConfig", gpus_per_job: int | None):
         self.submitit = import_submitit(name)
-        self.name, self.all_at_once = name, name == "submitit_slurm"
+        self.name, self.all_at_once = name, settings.kind == "submitit_slurm"
         if self.all_at_once:
             if not (_which("sbatch") and _which("srun")):
                 raise TiecliError(
@@ -310,9 +309,9 @@ class Submitit:
                 os.kill(int(job.job_id), signal.SIGTERM)
 
 
-def make(name: str, sweep_dir: Path, settings: "config.LauncherConfig", gpus_per_job: int | None):
-    """The launcher called `name`; submitit's are refused in one line when submitit or SLURM is missing."""
-    if name == "basic":
+def make(name: str, sweep_dir: Path, settings: "LauncherConfig", gpus_per_job: int | None):
+    """The launcher called `name` (of settings.kind); submitit's are refused in one line when submitit or SLURM is missing."""
+    if settings.kind == "basic":
         return Basic()
     return Submitit(name, sweep_dir / SUBMITIT_FOLDER, settings, gpus_per_job)
 
@@ -331,7 +330,7 @@ def _which(program: str) -> bool:
     return any(os.access(Path(d) / program, os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d)
 
 
-def slurm_parameters(settings: "config.LauncherConfig", sweep_name: str, gpus_per_job: int | None) -> dict:
+def slurm_parameters(settings: "LauncherConfig", sweep_name: str, gpus_per_job: int | None) -> dict:
     """launcher.slurm.* as submitit's SlurmExecutor parameters (each becomes an #SBATCH line)."""
     s = settings.slurm
     assert s is not None

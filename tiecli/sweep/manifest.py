@@ -17,7 +17,7 @@ from tiecli.run.layout import MANIFEST
 from tiecli.run.records import SweepManifest, read_manifest, write_manifest
 
 if TYPE_CHECKING:  # a submitit job imports this module (through launchers): it needs no Hydra
-    from tiecli import config
+    from tiecli.config.schema import Config
 
 
 def read(sweep_dir: Path) -> SweepManifest | None:
@@ -32,8 +32,8 @@ def save(sweep_dir: Path, manifest: SweepManifest) -> None:
 
 
 def keep_old_names(
-    old: SweepManifest, new: SweepManifest, configs: dict[str, "config.Config"]
-) -> tuple[SweepManifest, dict[str, "config.Config"]]:
+    old: SweepManifest, new: SweepManifest, configs: dict[str, "Config"]
+) -> tuple[SweepManifest, dict[str, "Config"]]:
     """A job already in the manifest keeps its name and folder (a sweep named before the shared hash was
     dropped, or one whose shared overrides changed with the jobs added): the same overrides, the same run."""
     by_overrides = {tuple(sorted(j.overrides)): j for j in old.jobs}

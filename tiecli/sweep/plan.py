@@ -3,7 +3,7 @@
 
 The jobs are the Cartesian product of the swept overrides (a,b,c, range(0,3), glob(*), or a study's
 axes), then the jobs a study's `add` rules repeat; a study's `when` rules add settings to the jobs they
-match. Each job is named by config.run_name from the overrides that tell it from the others, and runs
+match. Each job is named by run_name from the overrides that tell it from the others, and runs
 in runs/sweeps/<sweep>/<job>/.
 """
 
@@ -16,14 +16,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import tiecli.sweep.manifest as manifests
-from tiecli import config
+from tiecli.config.checks import to_config
+from tiecli.config.compose import check_unique, compose, config_dirs, group_options, parse_overrides
+from tiecli.config.naming import NAME_CHARS, check_name, run_name
+from tiecli.config.schema import GROUPS, Config
 from tiecli.errors import ConfigError
 from tiecli.run.files import now
 from tiecli.run.layout import run_path
 from tiecli.run.records import SweepJob, SweepManifest
 from tiecli.sweep.study import apply_rules, load_study, matches
 
-SAFE_NAME = re.compile(f"[{config.NAME_CHARS}]+")
+SAFE_NAME = re.compile(f"[{NAME_CHARS}]+")
 SAFE_VALUE = re.compile(r"[A-Za-z0-9._]+")  # a value shown as is in a default name: '-' separates them there
 NAME_LENGTH = 40
 JOB_NAME_LENGTH = 56  # "[12/24] NAME: completed at step 500" and the live table's row fit 80 columns
@@ -31,26 +34,26 @@ JOB_NAME_LENGTH = 56  # "[12/24] NAME: completed at step 500" and the live table
 
 def plan(
     overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None, options: list[str] | None = None
-) -> tuple[Path, SweepManifest, dict[str, config.Config]]:
+) -> tuple[Path, SweepManifest, dict[str, Config]]:
     """The sweep folder, its manifest and each job's checked Config (by job name); every job is composed first.
 
     launcher.* overrides configure the launcher, not the jobs: they and `options` (--launcher, --jobs, ...)
     only join the command recorded to run the sweep again. Writes nothing.
     """
     if name is not None:
-        check_name(name)
-    dirs = config.config_dirs(config_dir)
+        check_name(name, sweep=True)
+    dirs = config_dirs(config_dir)
     job_overrides = split_launcher_overrides(overrides)[0]
     study, entries = expand(job_overrides, dirs)
     composed = []
     for combo in combinations(entries, (study or {}).get("add", [])):
         job = apply_rules(list(combo), (study or {}).get("when", []))
-        composed.append((job, *config.compose(job, config_dir)))
+        composed.append((job, *compose(job, config_dir)))
     shared = set.intersection(*(set(job) for job, _, _ in composed))
     jobs, configs = [], {}
     for job, cfg, choices in composed:
         job_name = _job_name(choices, cfg, [line for line in job if line not in shared])
-        configs[job_name] = config.to_config(cfg)  # a bad value in any job stops the sweep before anything runs
+        configs[job_name] = to_config(cfg)  # a bad value in any job stops the sweep before anything runs
         jobs.append(SweepJob(name=job_name, overrides=job, run_dir=job_name, log=f"logs/{job_name}.log"))
     names = [j.name for j in jobs]
     twice = next((n for n in names if names.count(n) > 1), None)
@@ -58,7 +61,7 @@ def plan(
         raise ConfigError(f"two jobs would share the run directory {twice!r}; a value is repeated in the sweep")
 
     values = {key: [line.split("=", 1)[1] for line in lines] for key, lines in entries}
-    given = [o.key_or_group for o in config.parse_overrides(job_overrides) if o.key_or_group != "study"]
+    given = [o.key_or_group for o in parse_overrides(job_overrides) if o.key_or_group != "study"]
     sweep_name = name or default_name(study["name"] if study else None, [(key, values[key]) for key in given])
     sweep_dir = run_path(Path(runs_dir) / "sweeps", sweep_name)
     command = ["tiecli", "sweep", *overrides, "--name", sweep_name, "--runs-dir", str(runs_dir)]
@@ -82,12 +85,12 @@ def plan(
 
 
 def _job_name(choices: dict[str, str], cfg, varying: list[str]) -> str:
-    """config.run_name from the overrides that tell this job from the sweep's others (those every job
+    """run_name from the overrides that tell this job from the sweep's others (those every job
     shares would add the same hash to every name); those that run_name would hash are written out
     instead (train.lr=1e-3 -> lr1e-3) when that fits JOB_NAME_LENGTH, names apart and needs no quoting."""
-    base = config.run_name(choices, cfg, [])
-    hashed = config.run_name(choices, cfg, varying)
-    extras = [line for line in varying if config.run_name(choices, cfg, [line]) != base]
+    base = run_name(choices, cfg, [])
+    hashed = run_name(choices, cfg, varying)
+    extras = [line for line in varying if run_name(choices, cfg, [line]) != base]
     if not extras:
         return hashed
     keys = [line.split("=", 1)[0].lstrip("+~").rsplit(".", 1)[-1] for line in extras]
@@ -111,8 +114,8 @@ def expand(overrides: list[str], dirs: list[Path]) -> tuple[dict | None, list[tu
 
     Command-line overrides replace a study's axis or setting with the same key, in its place.
     """
-    parsed = config.parse_overrides(overrides)
-    config.check_unique(parsed, "on the command line")
+    parsed = parse_overrides(overrides)
+    check_unique(parsed, "on the command line")
     study = next((o for o in parsed if o.key_or_group == "study"), None)
     if study is not None and study.is_sweep_override():
         raise ConfigError(f"{study.input_line!r}: run one study at a time")
@@ -121,8 +124,8 @@ def expand(overrides: list[str], dirs: list[Path]) -> tuple[dict | None, list[tu
     if study is not None:
         about = {"name": str(study.value())}
         about["description"], study_lines, rules, extra = load_study(about["name"], dirs)
-        study_overrides = config.parse_overrides(study_lines)
-        config.check_unique(study_overrides, f"in study {about['name']!r}")
+        study_overrides = parse_overrides(study_lines)
+        check_unique(study_overrides, f"in study {about['name']!r}")
         entries = {o.key_or_group: o for o in study_overrides}
         given = {o.key_or_group for o in parsed}  # a setting on the command line wins over a rule's
         rules = [{**r, "set": [line for line in r["set"] if line.split("=", 1)[0] not in given]} for r in rules]
@@ -145,24 +148,16 @@ def _lines(o, dirs: list[Path]) -> list[str]:
     if not o.is_discrete_sweep():
         raise ConfigError(f"{o.input_line!r} is not a list of values; use a,b,c, range(start,stop[,step]) or glob(...)")
     # glob() asks a config loader for the group's options; tiecli's own listing covers --config-dir too.
-    o.config_loader = SimpleNamespace(
-        get_group_options=lambda group, results_filter=None: config.group_options(group, dirs)
-    )
+    o.config_loader = SimpleNamespace(get_group_options=lambda group, results_filter=None: group_options(group, dirs))
     values = list(o.sweep_string_iterator())
     if not values:
         where = (
-            f"the {o.key_or_group} options: {', '.join(config.group_options(o.key_or_group, dirs))}"
-            if o.key_or_group in config.GROUPS
-            else f"a config group ({', '.join(config.GROUPS)})"
+            f"the {o.key_or_group} options: {', '.join(group_options(o.key_or_group, dirs))}"
+            if o.key_or_group in GROUPS
+            else f"a config group ({', '.join(GROUPS)})"
         )
         raise ConfigError(f"{o.input_line!r} gives no values; glob() matches against {where}")
     return [f"{o.get_key_element()}={v}" for v in values]
-
-
-def check_name(name: str) -> None:
-    """--name: letters, digits, '.', '_' and '-' only, so the folder can be typed in any shell as is."""
-    if not SAFE_NAME.fullmatch(name):
-        raise ConfigError(f"--name {name!r} may only hold letters, digits, '.', '_' and '-'")
 
 
 def default_name(study: str | None, axes: list[tuple[str, list[str]]]) -> str:
@@ -179,7 +174,7 @@ def default_name(study: str | None, axes: list[tuple[str, list[str]]]) -> str:
     if plain and len(set(shorts)) == len(shorts) and SAFE_NAME.fullmatch(name) and len(name) <= NAME_LENGTH:
         return name
     digest = hashlib.sha256(json.dumps([study, axes]).encode()).hexdigest()[:8]
-    stem = re.sub(f"[^{config.NAME_CHARS}]", "_", "-".join(study_part + shorts))
+    stem = re.sub(f"[^{NAME_CHARS}]", "_", "-".join(study_part + shorts))
     return f"{stem[: NAME_LENGTH - 9]}-{digest}" if stem else digest
 
 

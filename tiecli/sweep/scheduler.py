@@ -20,7 +20,8 @@ from rich.live import Live
 
 import tiecli.sweep.launchers as launchers
 import tiecli.sweep.manifest as manifests
-from tiecli import config
+from tiecli.config.compose import compose_launcher
+from tiecli.config.schema import LauncherConfig
 from tiecli.display import PLAIN_EVERY_S
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.run.files import Lock, now
@@ -37,7 +38,7 @@ class Launch:
     """How the jobs run: `--launcher` and its settings (conf/launcher/NAME.yaml), `--jobs`, `--gpus-per-job`."""
 
     name: str
-    settings: config.LauncherConfig
+    settings: LauncherConfig
     parallel: int = 1
     gpus_per_job: int | None = None
     gpus: list[str] = dataclasses.field(default_factory=list)  # this machine's, for basic and submitit_local
@@ -47,16 +48,14 @@ def launch_options(
     name: str, overrides: list[str], config_dir: Path | None, jobs: int | None, gpus_per_job: int | None
 ) -> Launch:
     """--launcher NAME with conf/launcher/NAME.yaml and the command line's launcher.* overrides, checked."""
-    if name not in launchers.LAUNCHERS:
-        raise ConfigError(f"unknown --launcher {name!r}; valid launchers: {', '.join(launchers.LAUNCHERS)}")
-    if name == "submitit_slurm" and jobs is not None:
+    settings = compose_launcher(name, split_launcher_overrides(overrides)[1], config_dir)
+    if settings.kind == "submitit_slurm" and jobs is not None:
         raise ConfigError(
             f"--jobs {jobs} runs jobs at once on this machine; a SLURM job array runs "
             "launcher.slurm.array_parallelism of them at once: set that instead"
         )
-    settings = config.compose_launcher(name, split_launcher_overrides(overrides)[1], config_dir)
-    gpus = [] if name == "submitit_slurm" else launchers.visible_gpus()  # SLURM hands each job its own
-    if name != "submitit_slurm" and (gpus or gpus_per_job):
+    gpus = [] if settings.kind == "submitit_slurm" else launchers.visible_gpus()  # SLURM hands each job its own
+    if settings.kind != "submitit_slurm" and (gpus or gpus_per_job):
         launchers.check_gpus(gpus, gpus_per_job or 1, jobs or 1)  # refuses more GPUs a job than there are
     return Launch(name, settings, jobs or 1, gpus_per_job, gpus)
 
@@ -81,7 +80,7 @@ def run(
 
     Without a terminal, each running job gets a progress line at most every `every` seconds.
     """
-    launch = launch or Launch("basic", config.compose_launcher("basic", [], None), parallel)
+    launch = launch or Launch("basic", compose_launcher("basic", [], None), parallel)
     launcher = launchers.make(launch.name, sweep_dir, launch.settings, launch.gpus_per_job)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     # Two sweeps training the same runs would corrupt them. A lock, not a pid in the manifest: the OS
@@ -100,7 +99,7 @@ class Starter:
         self.sweep_dir, self.manifest, self.launch = sweep_dir.resolve(), manifest, launch
         self.pool, self.threads, self.nproc = None, None, launch.gpus_per_job or 1
         local = launch.settings.local
-        if launch.name == "submitit_slurm":  # SLURM hands each job its GPUs
+        if launch.settings.kind == "submitit_slurm":  # SLURM hands each job its GPUs
             slurm = launchers.slurm_parameters(launch.settings, manifest.name, launch.gpus_per_job)
             self.nproc = max(1, slurm.get("gpus_per_node", 1))
             return

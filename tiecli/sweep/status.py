@@ -16,13 +16,13 @@ from typing import cast
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
+from tiecli.config.naming import check_name
 from tiecli.display import duration, num
 from tiecli.errors import TiecliError
 from tiecli.run.layout import MANIFEST, run_path
 from tiecli.run.reader import RunReader
 from tiecli.run.records import SweepJob, SweepManifest, read_manifest
 from tiecli.sweep.launchers import still_active
-from tiecli.sweep.plan import check_name
 from tiecli.sweep.states import current_state, last_error_line, read_live
 
 STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "failed": "red", "interrupted": "magenta"}
@@ -31,7 +31,7 @@ STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "fa
 def show_status(runs_dir: Path, name: str, console: Console) -> None:
     """`tiecli sweep --status NAME`: the jobs table and the counts, from sweep.json, the run directories and the
     launcher's view of jobs still queued or running; submits and writes nothing."""
-    check_name(name)
+    check_name(name, sweep=True)
     sweep_dir = run_path(Path(runs_dir) / "sweeps", name)
     if not (sweep_dir / MANIFEST).exists():
         known = sorted(p.parent.name for p in (Path(runs_dir) / "sweeps").glob(f"*/{MANIFEST}"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from tiecli import config
+from tiecli.config.compose import group_options, parse_overrides
 from tiecli.errors import ConfigError, TiecliError
 
 STUDY_KEYS = ("description", "axes", "fixed", "when", "add", "families")
@@ -27,9 +27,7 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
     `when` rules and the rest the manifest keeps: `add` (more values of an axis for some jobs) and `families`."""
     path = next((d / "study" / f"{name}.yaml" for d in dirs if (d / "study" / f"{name}.yaml").is_file()), None)
     if path is None:
-        raise ConfigError(
-            f"unknown study {name!r}; valid studies: {', '.join(config.group_options('study', dirs)) or 'none'}"
-        )
+        raise ConfigError(f"unknown study {name!r}; valid studies: {', '.join(group_options('study', dirs)) or 'none'}")
     try:
         study = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -48,7 +46,7 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
     lines = [f"{k}={','.join(map(_value, v)) if isinstance(v, list) else _value(v)}" for k, v in axes.items()]
     lines += [f"{k}={_value(v)}" for k, v in fixed.items()]
     for line in lines[len(axes) :]:
-        if any(o.is_sweep_override() for o in config.parse_overrides([line])):
+        if any(o.is_sweep_override() for o in parse_overrides([line])):
             raise ConfigError(f"study {name!r}: fixed setting {line!r} has several values; move it under axes")
     extra: dict = {"add": _additions(name, study.get("add") or [], axes)}
     if study.get("families") is not None:
@@ -124,7 +122,7 @@ def _rules(name: str, when, axes: dict, fixed: dict) -> list[dict]:
         for key in rule["set"]:
             if key in axes or key in fixed:
                 raise ConfigError(f"{where}: sets {key!r}, which the study already sweeps or fixes")
-        if any(o.is_sweep_override() for o in config.parse_overrides(settings)):
+        if any(o.is_sweep_override() for o in parse_overrides(settings)):
             raise ConfigError(f"{where}: a rule sets one value per key; {settings} has several")
         rules.append({"match": match, "set": settings})
     return rules
