@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiecli import geometry
+from tiecli import geometry, rows
 from tiecli.errors import TiecliError
 from tiecli.pairs import english_form_pairs, read_pairs_file
 
@@ -553,7 +553,7 @@ def test_the_float32_pass_agrees_with_a_float64_one(monkeypatch):
     smallest singular values, relative to the largest)."""
     inputs = _pass_inputs()
     fast = geometry.measure(*inputs[:4], *inputs[4:6], inputs[6], seed=0)
-    monkeypatch.setattr(geometry._Rows, "__init__", lambda self, W, idx: setattr(self, "x", W.double()[idx]))
+    monkeypatch.setattr(rows.Rows, "__init__", lambda self, W, idx: setattr(self, "x", W.double()[idx]))
     exact = geometry.measure(*(w.double() if torch.is_tensor(w) else w for w in inputs[:6]), inputs[6], seed=0)
     a, b = _numbers(fast), _numbers(exact)
     assert a.keys() == b.keys() and len(a) > 60

@@ -22,7 +22,6 @@ Conventions shared by every function:
 
 import math
 from collections.abc import Sequence
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ import scipy.stats
 import torch
 
 from tiecli.data import BUCKETS
+from tiecli.rows import Counts, Rows, generator, gram64, occurring, pair_cosine, random_pair_cosine
 
 N_PAIRS = 10_000  # random pairs per mean cosine: standard error = sd / 100 (4e-4 at C = 768)
 # k-NN query tokens. Each costs two (n, C) matvecs: 500 take ~0.7 s at n = 50257 on 2 cores,
@@ -37,98 +37,10 @@ N_PAIRS = 10_000  # random pairs per mean cosine: standard error = sd / 100 (4e-
 N_QUERIES = 500
 KNN_K = 10
 MAX_SINGULAR_VALUES = 256  # enough to plot a spectrum; the derived ranks use all of them
-_CHUNK = 4096  # rows per float64 Gram block: 25 MB instead of a 300 MB float64 copy
 _QUERY_BLOCK = 256  # k-NN queries per block: a (256, n) similarity block is 50 MB at n = 50257
 
 Metrics = dict[str, Any]  # one metric family's results: plain floats, ints, lists or None, ready for JSON
 Pairs = Sequence[tuple[int, int]] | np.ndarray  # token-id pairs (P, 2)
-Counts = Sequence[int] | np.ndarray  # (V,) one number per token id: training-split counts, or buckets
-
-
-# -----------------------------------------------------------------------------
-# shared helpers
-
-
-def _occurring(counts: Counts) -> np.ndarray:
-    """Token ids with count > 0, as a (n,) int64 numpy array."""
-    idx = np.flatnonzero(np.asarray(counts) > 0)
-    if len(idx) < 2:
-        raise ValueError(f"geometry needs at least 2 occurring tokens, got {len(idx)}")
-    return idx
-
-
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _gram64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a^T b in float64, one block of rows at a time."""
-    out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64, device=a.device)  # (C, C)
-    for i in range(0, a.shape[0], _CHUNK):
-        out += a[i : i + _CHUNK].double().T @ b[i : i + _CHUNK].double()
-    return out
-
-
-class _Rows:
-    """The occurring rows of one matrix, plus what several metrics share (computed once)."""
-
-    def __init__(self, W: torch.Tensor, idx: np.ndarray):
-        self.x = W.detach()[torch.from_numpy(idx).to(W.device)].float()  # (n, C), a copy: W is never touched
-
-    @property
-    def n(self) -> int:
-        return self.x.shape[0]
-
-    @cached_property
-    def unit(self) -> torch.Tensor:
-        return torch.nn.functional.normalize(self.x, dim=1)  # (n, C)
-
-    @cached_property
-    def mean(self) -> torch.Tensor:
-        # by blocks: a float64 reduction down the columns of the whole matrix is ~15x slower
-        total = sum(block.sum(0, dtype=torch.float64) for block in self.x.split(_CHUNK))  # (C,)
-        return total / self.n
-
-    @cached_property
-    def gram(self) -> torch.Tensor:
-        return _gram64(self.x, self.x)  # (C, C) = x^T x
-
-    @cached_property
-    def eigh(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eigenvalues (ascending) and eigenvectors (columns) of x^T x, float64."""
-        return torch.linalg.eigh(self.gram)  # (C,), (C, C)
-
-    @cached_property
-    def unit_gram(self) -> torch.Tensor:
-        """u^T u of the unit rows, float32 blocks summed in float64: no entry of a unit row exceeds 1,
-        so float32 products keep every eigenvalue ratio that isotropy and top_pc_share read (3x
-        faster than _gram64; the spectrum, which needs s_k down to 1e-8 s_1, uses `gram`)."""
-        return sum((block.T @ block).double() for block in self.unit.split(_CHUNK))  # (C, C)
-
-    @cached_property
-    def unit_mean(self) -> torch.Tensor:
-        return sum(block.sum(0, dtype=torch.float64) for block in self.unit.split(_CHUNK)) / self.n  # (C,)
-
-    @cached_property
-    def centred_gram(self) -> torch.Tensor:
-        """(x - mean)^T (x - mean) = x^T x - n mean mean^T, float64 so the subtraction is exact
-        enough even when a large common vector dominates the rows."""
-        return self.gram - self.n * torch.outer(self.mean, self.mean)  # (C, C)
-
-
-def _pair_cosine(unit: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> float:
-    """Mean cosine of rows i[k] and j[k]; `unit` has unit rows."""
-    i, j = i.to(unit.device), j.to(unit.device)
-    return (unit[i] * unit[j]).sum(1, dtype=torch.float64).mean().item()
-
-
-def _random_pair_cosine(rows: _Rows, n_pairs: int, seed: int) -> float:
-    """Mean cosine of n_pairs uniform random pairs of distinct rows."""
-    g = _generator(seed)
-    i = torch.randint(rows.n, (n_pairs,), generator=g)
-    j = torch.randint(rows.n - 1, (n_pairs,), generator=g)
-    j += (j >= i).long()  # uniform over the other n - 1 rows, never i itself
-    return _pair_cosine(rows.unit, i, j)
 
 
 def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float | None:
@@ -141,10 +53,10 @@ def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -
 
 
 # -----------------------------------------------------------------------------
-# per-matrix metrics (internal versions take _Rows so measure() can share the Gram matrix)
+# per-matrix metrics (internal versions take Rows so measure() can share the Gram matrix)
 
 
-def _row_norms(rows: _Rows, counts_occ: np.ndarray) -> Metrics:
+def _row_norms(rows: Rows, counts_occ: np.ndarray) -> Metrics:
     norms = rows.x.norm(dim=1).double()  # (n,)
     return {
         "norm_mean": norms.mean().item(),
@@ -160,9 +72,9 @@ def row_norms(W: torch.Tensor, counts: Counts) -> Metrics:
     """Row L2 norms over occurring tokens: mean, population std, min, max, and the Spearman
     correlation of norm with log token frequency (None when norms or counts are all equal).
     Keys: n_tokens, norm_mean, norm_std, norm_min, norm_max, norm_freq_spearman."""
-    idx = _occurring(counts)
+    idx = occurring(counts)
     counts_occ = np.asarray(counts)[idx]
-    return {"n_tokens": len(idx), **_row_norms(_Rows(W, idx), counts_occ)}
+    return {"n_tokens": len(idx), **_row_norms(Rows(W, idx), counts_occ)}
 
 
 # Below this total variance of the centred unit rows (per row) the rows point one way: float32
@@ -170,17 +82,17 @@ def row_norms(W: torch.Tensor, counts: Counts) -> Metrics:
 _MIN_UNIT_VARIANCE = 1e-6
 
 
-def _top_pc_share(rows: _Rows) -> float | None:
+def _top_pc_share(rows: Rows) -> float | None:
     centred = rows.unit_gram - rows.n * torch.outer(rows.unit_mean, rows.unit_mean)  # (C, C)
     variances = torch.linalg.eigvalsh(centred)  # (C,) ascending
     total = variances.sum().item()
     return variances[-1].item() / total if total > _MIN_UNIT_VARIANCE * rows.n else None
 
 
-def _anisotropy(rows: _Rows, n_pairs: int, seed: int) -> Metrics:
+def _anisotropy(rows: Rows, n_pairs: int, seed: int) -> Metrics:
     mean_dir = torch.nn.functional.normalize(rows.mean.to(rows.x.dtype), dim=0)  # (C,)
     return {
-        "anisotropy": _random_pair_cosine(rows, n_pairs, seed),
+        "anisotropy": random_pair_cosine(rows, n_pairs, seed),
         "cosine_to_mean": (rows.unit @ mean_dir).double().mean().item(),
         "top_pc_share": _top_pc_share(rows),
     }
@@ -194,11 +106,11 @@ def anisotropy(W: torch.Tensor, counts: Counts, n_pairs: int = N_PAIRS, seed: in
     component of the mean-centred unit rows, lambda_1 / sum_k lambda_k (1 for rows on one line
     through the mean, ~1/C for an isotropic cloud, None when the rows all point one way and
     have no variance). Keys: n_tokens, anisotropy, cosine_to_mean, top_pc_share."""
-    idx = _occurring(counts)
-    return {"n_tokens": len(idx), **_anisotropy(_Rows(W, idx), n_pairs, seed)}
+    idx = occurring(counts)
+    return {"n_tokens": len(idx), **_anisotropy(Rows(W, idx), n_pairs, seed)}
 
 
-def _isotropy(rows: _Rows) -> Metrics:
+def _isotropy(rows: Rows) -> Metrics:
     if not rows.x.any():  # an all-zero matrix has no directions to compare
         return {"isotropy": None}
     # Eigenvectors are defined up to sign, so both c and -c are taken: the result does not
@@ -221,11 +133,11 @@ def isotropy(W: torch.Tensor, counts: Counts) -> Metrics:
     [e^-2, 1]: 1 for an isotropic cloud, 1 / cosh(1) = 0.65 for rows split between +v and -v,
     e^-2 = 0.14 for rows that all point one way. None for an all-zero matrix.
     Keys: n_tokens, isotropy."""
-    idx = _occurring(counts)
-    return {"n_tokens": len(idx), **_isotropy(_Rows(W, idx))}
+    idx = occurring(counts)
+    return {"n_tokens": len(idx), **_isotropy(Rows(W, idx))}
 
 
-def _spectrum(rows: _Rows, max_values: int) -> Metrics:
+def _spectrum(rows: Rows, max_values: int) -> Metrics:
     # Singular values of x are the square roots of the eigenvalues of x^T x; float64 keeps the
     # small ones accurate to ~1e-8 s_1, which is what effective rank needs.
     s = rows.eigh[0].flip(0).clamp_min(0).sqrt()[: min(rows.n, rows.x.shape[1])]  # (r,) desc
@@ -252,11 +164,11 @@ def spectrum(W: torch.Tensor, counts: Counts, max_values: int = MAX_SINGULAR_VAL
     p_k = s_k / sum s; stable rank |W|_F^2 / |W|_2^2 = sum s_k^2 / s_1^2; top share
     s_1 / sum s (the three are None for an all-zero matrix).
     Keys: n_tokens, singular_values, effective_rank, stable_rank, top_share."""
-    idx = _occurring(counts)
-    return {"n_tokens": len(idx), **_spectrum(_Rows(W, idx), max_values)}
+    idx = occurring(counts)
+    return {"n_tokens": len(idx), **_spectrum(Rows(W, idx), max_values)}
 
 
-def _drift(rows: _Rows, rows0: _Rows, buckets_occ: np.ndarray) -> Metrics:
+def _drift(rows: Rows, rows0: Rows, buckets_occ: np.ndarray) -> Metrics:
     # per-row sums of C squares are exact enough in float32; the totals below are float64
     moved = (rows.x - rows0.x).pow(2).sum(1).double().cpu().numpy()  # (n,) |w - w0|^2
     size = rows0.x.pow(2).sum(1).double().cpu().numpy()  # (n,) |w0|^2
@@ -276,9 +188,9 @@ def drift(W: torch.Tensor, W0: torch.Tensor, counts: Counts, buckets: Counts) ->
     """Relative distance from initialisation, |W - W0|_F / |W0|_F over the occurring rows,
     overall and per frequency bucket (None for a bucket with no occurring rows).
     Keys: n_tokens, drift, drift_frequent, drift_mid, drift_rare."""
-    idx = _occurring(counts)
+    idx = occurring(counts)
     buckets_occ = np.asarray(buckets)[idx]
-    return {"n_tokens": len(idx), **_drift(_Rows(W, idx), _Rows(W0, idx), buckets_occ)}
+    return {"n_tokens": len(idx), **_drift(Rows(W, idx), Rows(W0, idx), buckets_occ)}
 
 
 # -----------------------------------------------------------------------------
@@ -293,11 +205,11 @@ def _knn(unit: torch.Tensor, queries: torch.Tensor, k: int) -> torch.Tensor:
     return sims.topk(k, dim=1).indices  # (q, k)
 
 
-def _agreement(rows_in: _Rows, rows_out: _Rows, k: int, n_queries: int, seed: int) -> Metrics:
+def _agreement(rows_in: Rows, rows_out: Rows, k: int, n_queries: int, seed: int) -> Metrics:
     row_cos = (rows_in.unit * rows_out.unit).sum(1, dtype=torch.float64).mean().item()
 
     k = min(k, rows_in.n - 1)
-    queries = torch.randperm(rows_in.n, generator=_generator(seed))[:n_queries]
+    queries = torch.randperm(rows_in.n, generator=generator(seed))[:n_queries]
     shared = 0
     for q in queries.split(_QUERY_BLOCK):
         nn_in, nn_out = _knn(rows_in.unit, q, k), _knn(rows_out.unit, q, k)  # (q, k) each
@@ -305,7 +217,7 @@ def _agreement(rows_in: _Rows, rows_out: _Rows, k: int, n_queries: int, seed: in
 
     # Linear CKA on column-centred X, Y: |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F), with
     # Y_c^T X_c = Y^T X - n mean_y mean_x^T so only the cross product needs a pass over rows.
-    cross = _gram64(rows_out.x, rows_in.x) - rows_in.n * torch.outer(rows_out.mean, rows_in.mean)
+    cross = gram64(rows_out.x, rows_in.x) - rows_in.n * torch.outer(rows_out.mean, rows_in.mean)
     cka = cross.square().sum() / (rows_in.centred_gram.norm() * rows_out.centred_gram.norm())
     # per-row sums of C squares are exact enough in float32; the totals are float64
     apart = (rows_in.x - rows_out.x).pow(2).sum(1).sum(dtype=torch.float64).item()
@@ -338,8 +250,8 @@ def agreement(
     - distance: |W_in - W_out|_F / |W_in|_F over the occurring rows (0 when the matrices are
       equal, as in a tied model; None when W_in is all zero).
     Keys: n_tokens, row_cosine, distance, knn_overlap, knn_k, knn_queries, cka."""
-    idx = _occurring(counts)
-    result = _agreement(_Rows(W_in, idx), _Rows(W_out, idx), k, n_queries, seed)
+    idx = occurring(counts)
+    result = _agreement(Rows(W_in, idx), Rows(W_out, idx), k, n_queries, seed)
     return {"n_tokens": len(idx), **result}
 
 
@@ -363,7 +275,7 @@ def _matched_random_cosine(
     """Mean cosine of frequency-matched random pairs (matched_random_pairs). Frequency alone moves
     cosines (frequent tokens share directions), so this is the baseline a related pair must beat."""
     i, j = matched_random_pairs(pair_rows, counts_occ, n_random, seed)
-    return _pair_cosine(unit, torch.from_numpy(i), torch.from_numpy(j))
+    return pair_cosine(unit, torch.from_numpy(i), torch.from_numpy(j))
 
 
 def matched_random_pairs(
@@ -380,14 +292,14 @@ def matched_random_pairs(
     d_i, d_j = (np.repeat(decile[pair_rows[:, k]], reps) for k in (0, 1))  # (P * reps,) each
     same = d_i == d_j  # then j' is drawn from the decile's other tokens
     size_i, size_j = start[d_i + 1] - start[d_i], start[d_j + 1] - start[d_j] - same
-    u = torch.rand(2, len(d_i), generator=_generator(seed), dtype=torch.float64).numpy()
+    u = torch.rand(2, len(d_i), generator=generator(seed), dtype=torch.float64).numpy()
     r_i = np.minimum((u[0] * size_i).astype(np.int64), size_i - 1)  # rank within the decile
     r_j = np.minimum((u[1] * size_j).astype(np.int64), size_j - 1)
     r_j += same & (r_j >= r_i)  # skip i' itself
     return order[start[d_i] + r_i], order[start[d_j] + r_j]
 
 
-def _pair_contrast(rows: _Rows, pair_rows: np.ndarray, counts_occ: np.ndarray, n_random: int, seed: int) -> Metrics:
+def _pair_contrast(rows: Rows, pair_rows: np.ndarray, counts_occ: np.ndarray, n_random: int, seed: int) -> Metrics:
     out: Metrics = {
         "forms_n_pairs": len(pair_rows),
         "forms_cosine": None,
@@ -398,11 +310,11 @@ def _pair_contrast(rows: _Rows, pair_rows: np.ndarray, counts_occ: np.ndarray, n
     if len(pair_rows) == 0:
         return out
     pairs = torch.from_numpy(pair_rows)  # (P, 2) positions among the occurring rows
-    cos = _pair_cosine(rows.unit, pairs[:, 0], pairs[:, 1])
+    cos = pair_cosine(rows.unit, pairs[:, 0], pairs[:, 1])
     matched = _matched_random_cosine(rows.unit, pair_rows, counts_occ, n_random, seed)
     out.update(
         forms_cosine=cos,
-        forms_random_cosine=_random_pair_cosine(rows, n_random, seed),
+        forms_random_cosine=random_pair_cosine(rows, n_random, seed),
         forms_matched_cosine=matched,
         forms_contrast=cos - matched,
     )
@@ -424,7 +336,7 @@ def related_and_matched_pairs(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of the related pairs pair_contrast uses, (P, 2), and of their frequency-matched random
     pairs (matched_random_pairs), (P * ceil(n_random / P), 2): the same pairs for the same seed."""
-    idx = _occurring(counts)
+    idx = occurring(counts)
     pair_rows = _pair_rows(pairs, idx, len(counts))
     if len(pair_rows) == 0:
         return np.zeros((0, 2), dtype=np.int64), np.zeros((0, 2), dtype=np.int64)
@@ -443,17 +355,17 @@ def pair_contrast(W: torch.Tensor, pairs: Pairs, counts: Counts, n_random: int =
       (frequent-frequent pairs are rare among them, yet common among related forms).
     Keys: n_tokens, forms_n_pairs, forms_cosine, forms_matched_cosine, forms_random_cosine,
     forms_contrast (the four means are None with no usable pair)."""
-    idx = _occurring(counts)
+    idx = occurring(counts)
     counts_occ = np.asarray(counts)[idx]
     pair_rows = _pair_rows(pairs, idx, W.shape[0])
-    return {"n_tokens": len(idx), **_pair_contrast(_Rows(W, idx), pair_rows, counts_occ, n_random, seed)}
+    return {"n_tokens": len(idx), **_pair_contrast(Rows(W, idx), pair_rows, counts_occ, n_random, seed)}
 
 
 # -----------------------------------------------------------------------------
 # the full pass
 
 
-def _matrix_metrics(rows: _Rows, counts_occ: np.ndarray, pair_rows: np.ndarray, seed: int) -> Metrics:
+def _matrix_metrics(rows: Rows, counts_occ: np.ndarray, pair_rows: np.ndarray, seed: int) -> Metrics:
     out = {**_row_norms(rows, counts_occ), **_anisotropy(rows, N_PAIRS, seed), **_isotropy(rows)}
     out.update(_spectrum(rows, MAX_SINGULAR_VALUES))
     # same n and seed as the anisotropy pairs, so forms_random_cosine == anisotropy
@@ -477,20 +389,20 @@ def measure(
     always; the forms_* means None without usable pairs), drift keys when that side's W0 is
     given. When W_in and W_out are the same tensor ("tied"), the side metrics are computed once
     and agreement is None (row_cosine, knn_overlap and cka would be 1, distance 0)."""
-    idx = _occurring(counts)
+    idx = occurring(counts)
     counts_occ, buckets_occ = np.asarray(counts)[idx], np.asarray(buckets)[idx]
     # Tied is structural: untied_init and hybrid start with equal matrices, yet they are two.
     tied = W_in is W_out
     pair_rows = _pair_rows(pairs, idx, W_in.shape[0])
 
-    rows_in = _Rows(W_in, idx)
-    rows_out = rows_in if tied else _Rows(W_out, idx)
+    rows_in = Rows(W_in, idx)
+    rows_out = rows_in if tied else Rows(W_out, idx)
     side_in = _matrix_metrics(rows_in, counts_occ, pair_rows, seed)
     side_out = dict(side_in) if tied else _matrix_metrics(rows_out, counts_occ, pair_rows, seed)
     if W_in0 is not None:
-        side_in.update(_drift(rows_in, _Rows(W_in0, idx), buckets_occ))
+        side_in.update(_drift(rows_in, Rows(W_in0, idx), buckets_occ))
     if W_out0 is not None:
-        side_out.update(_drift(rows_out, _Rows(W_out0, idx), buckets_occ))
+        side_out.update(_drift(rows_out, Rows(W_out0, idx), buckets_occ))
     return {
         "n_tokens": len(idx),
         "tied": tied,
