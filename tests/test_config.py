@@ -404,8 +404,8 @@ def test_a_launcher_of_ones_own_in_config_dir_runs_as_the_kind_its_keys_say(isol
     run by the launcher whose keys it has: slurm: keys submit to SLURM, local: keys run here."""
     from conftest import TINY
 
-    from tiecli import sweep
     from tiecli.cli import app
+    from tiecli.sweep import scheduler
 
     mine = isolated / "mine" / "launcher"
     mine.mkdir(parents=True)
@@ -417,14 +417,14 @@ def test_a_launcher_of_ones_own_in_config_dir_runs_as_the_kind_its_keys_say(isol
     assert result.exit_code == 0, result.output
     assert "submitit_slurm: the 2 job(s) to run go to SLURM as one array with" in result.output.splitlines()
     assert "#SBATCH --partition=a100" in {line.strip() for line in result.output.splitlines()}
-    own = sweep.launch_options("four_threads", [], isolated / "mine", None, None)
+    own = scheduler.launch_options("four_threads", [], isolated / "mine", None, None)
     assert (own.name, own.settings.kind, own.settings.local) == (
         "four_threads",
         "basic",
         LocalLauncher(threads_per_job=4),
     )
     kinds = {
-        name: sweep.launch_options(name, [], None, None, None).settings.kind for name in ("basic", "submitit_local")
+        name: scheduler.launch_options(name, [], None, None, None).settings.kind for name in ("basic", "submitit_local")
     }
     assert kinds == {"basic": "basic", "submitit_local": "submitit_local"}
 
@@ -449,8 +449,8 @@ def test_an_old_run_reads_the_keys_conf_gained_at_confs_defaults_but_added_at_it
     """A run's config.yaml is recomposed over conf/'s defaults for its own group choices: a run written today reads
     back as written, key order included; one written before a key existed gets conf/'s default for it, except the
     keys in ADDED, whose old behaviour differs from conf/'s default (eval.max_tokens: whole splits, not 2M tokens)."""
-    from tiecli import rundir
     from tiecli.config.compose import ADDED, from_run, recompose
+    from tiecli.run.records import flatten
 
     stored, choices = compose(["model=nano", "tying=untied", "train.lr=0.001"])
     today = OmegaConf.to_container(stored)
@@ -467,7 +467,7 @@ def test_an_old_run_reads_the_keys_conf_gained_at_confs_defaults_but_added_at_it
     )
     assert to_config(stored).eval.max_tokens == 2097152  # what a new run gets: ADDED's value is data, not the default
     assert (c.train.sample_tokens, c.logger.tensorboard, c.train.lr, c.model.n_layer) == (0, None, 0.001, 2)
-    assert set(ADDED) <= set(rundir.flatten(today))  # every ADDED key is one conf/ still defines
+    assert set(ADDED) <= set(flatten(today))  # every ADDED key is one conf/ still defines
     # a choice conf/ no longer has: the stored config is checked as it is, and named
     gone = {**choices, "model": "gone"}
     assert from_run(today, gone, tmp_path / "config.yaml").model.n_layer == 2
