@@ -55,16 +55,11 @@ def isolated(tmp_path, tmp_path_factory, monkeypatch, tiny_text):
 def tiny_trained(tmp_path_factory, tiny_text) -> Path:
     """Run r of TINY (`tiecli train TINY --name r`: 12 steps, checkpoints at 6 and 12), trained once per
     session in a folder of its own set up as `isolated` sets up a test's. Read it only: tiny_run copies it."""
-    from helpers import tiecli
+    from helpers import trained_once
 
     folder = tmp_path_factory.mktemp("tiny-trained")
     os.link(tiny_text, folder / "tiny.txt")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-        mp.chdir(folder)
-        result = tiecli("train", *TINY, "--name", "r")
-    assert result.exit_code == 0, result.output
-    return folder / "runs" / "r"
+    return trained_once(folder, tmp_path_factory.getbasetemp() / "cache", TINY, "r")
 
 
 @pytest.fixture

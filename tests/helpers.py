@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 
+import pytest
 import yaml
 from scipy import stats
 from typer.testing import CliRunner
@@ -24,6 +25,17 @@ runner = CliRunner()
 def tiecli(*args):
     """`tiecli ARGS` through Typer's runner, in-process; arguments may be paths or numbers."""
     return runner.invoke(app, [str(a) for a in args])
+
+
+def trained_once(folder, cache, args, name):
+    """`tiecli train ARGS --name NAME` run in folder with the session's cache, outside any test's monkeypatch:
+    the run a session-scoped fixture trains once and its tests copy. Its run directory."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIECLI_CACHE_DIR", str(cache))
+        mp.chdir(folder)
+        result = tiecli("train", *args, "--name", name)
+    assert result.exit_code == 0, result.output
+    return folder / "runs" / name
 
 
 def one_line_error(result, code, text):

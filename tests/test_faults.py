@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiecli
+from helpers import tiecli, trained_once
 
 from tiecli import checkpoint
 from tiecli import train as training
@@ -165,12 +165,7 @@ def trained(tmp_path_factory):
     """A completed run X of RUN, trained once per session in a folder of its own (with small.txt and the
     session's cache, as `isolated` gives a test); tests get copies through `done`."""
     folder = write_corpus(tmp_path_factory.mktemp("faults-trained"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TIECLI_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
-        mp.chdir(folder)
-        result = tiecli("train", *RUN, "--name", "X")
-    assert result.exit_code == 0, result.output
-    return folder / "runs" / "X"
+    return trained_once(folder, tmp_path_factory.getbasetemp() / "cache", RUN, "X")
 
 
 @pytest.fixture
