@@ -199,7 +199,7 @@ def test_the_wheel_carries_conf_and_corpus_and_runs_from_anywhere(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert json.loads(out)["config"]["model"]["n_layer"] == 2
-    probe = "import tiecli.config as c; print(c.default_config_dir())"
+    probe = "import tiecli.config.compose as c; print(c.default_config_dir())"
     where = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=elsewhere,
