@@ -29,14 +29,11 @@ def train(
     overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, nproc: int | None
 ) -> tuple[Path, Summary, Config] | None:
     """Plan the run on rank 0 (a refusal is every rank's), train it; rank 0 gets (path, summary, config)."""
-
-    def plan():
-        if resume:
-            return resuming.plan(runs_dir, name, overrides, config_dir, nproc or distributed.world_size())
-        return plan_new_run(runs_dir, name, overrides, config_dir)
-
     with distributed.process_group(), distributed.quiet_others():
-        path, cfg, files = distributed.from_rank0(plan)
+        world = nproc or distributed.world_size()
+        path, cfg, files = distributed.from_rank0(
+            lambda: plan_run(overrides, runs_dir, name, resume, config_dir, world)
+        )
         if path is None:
             return None
         run_config = to_config(cfg)
@@ -49,16 +46,20 @@ def start_ranks(
 ) -> int:
     """`tiecli train --nproc N`: check everything once here, then the same command under torchrun on N
     processes; their exit code (0 when the plan found nothing to do)."""
-    if resume:
-        path, cfg, _ = resuming.plan(runs_dir, name, overrides, config_dir, nproc)
-    else:
-        path, cfg, _ = plan_new_run(runs_dir, name, overrides, config_dir)
+    path, cfg, _ = plan_run(overrides, runs_dir, name, resume, config_dir, nproc)
     if path is None:
         return 0
     distributed.rank_shape(to_config(cfg).train, nproc)
     args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
     args += [*(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
     return distributed.torchrun(nproc, ["train", *args])
+
+
+def plan_run(overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, world: int):
+    """The path, config and files of the run to train: a resume's plan on `world` ranks, or a new run's."""
+    if resume:
+        return resuming.plan(runs_dir, name, overrides, config_dir, world)
+    return plan_new_run(runs_dir, name, overrides, config_dir)
 
 
 def run_place(overrides: list[str], resume: bool, runs_dir: Path, name: str | None, multirun: bool):
