@@ -114,7 +114,7 @@ def test_two_seeds_on_the_plateau_at_one_untuned_lr_withhold_every_verdict_and_s
 
 @pytest.mark.slow
 def test_three_seeds_off_the_plateau_with_each_lr_selected_give_plain_verdicts(tmp_path):
-    for lr, offset in ((0.001, 0.2), (0.003, 0.0)):
+    for lr, offset in ((0.001, 0.2), (0.003, 0.0), (0.006, 0.1)):  # the best rate inside the grid
         for seed in range(3):
             for mode, ppl in (("tied", 0.2), ("untied", 0.25)):
                 gate_run(tmp_path / "runs", mode, seed, math.log(ppl * UNIGRAM) + offset + 0.01 * seed, lr=lr)
@@ -133,13 +133,50 @@ def test_three_seeds_off_the_plateau_with_each_lr_selected_give_plain_verdicts(t
     assert "pilot:" not in output and "withheld:" not in output
     assert "Verdicts: every group off the unigram plateau (at most 0.5x), 3+ seeds, each learning rate selected" in md
     assert "; train.lr chosen by --select: 0.003 (nano tied), 0.003 (nano untied); 2 groups." in md
-    assert "12 runs in 2 groups (2 more not selected), 0 skipped" in " ".join(output.split())
+    assert "18 runs in 2 groups (4 more not selected), 0 skipped" in " ".join(output.split())
     # without --select the same runs compare each mode at each lr, none chosen: pilot, naming both rates
     _, _, data, _ = report(tmp_path / "runs")
     assert data["labels"]["label"] == "pilot"
     assert [c["found"] for c in data["labels"]["conditions"]] == [
-        "lr 0.001, 0.003, untuned (no --select over a learning-rate grid)"
+        "lr 0.001, 0.003, 0.006, untuned (no --select over a learning-rate grid)"
     ]
+
+
+@pytest.mark.slow
+def test_a_rate_chosen_at_the_edge_of_its_grid_is_a_pilot_that_names_the_edge(tmp_path):
+    """The best of a grid at its end is not bracketed: the optimum may lie beyond it. Tied's loss falls
+    all the way to the largest rate, untied's is lowest at the smallest; adding a rate past each edge,
+    where the loss rises again, brackets both and the verdicts are plain."""
+    tied = {0.001: 0.3, 0.003: 0.1, 0.006: 0.0, 0.012: 0.2}
+    untied = {0.0005: 0.2, 0.001: 0.0, 0.003: 0.1, 0.006: 0.3}
+    for grid in ((0.001, 0.003, 0.006), (0.0005, 0.012)):
+        for lr in grid:
+            for seed in range(3):
+                for mode, offsets, ppl in (("tied", tied, 0.2), ("untied", untied, 0.25)):
+                    if lr in offsets:
+                        gate_run(
+                            tmp_path / "runs", mode, seed, math.log(ppl * UNIGRAM) + offsets[lr] + 0.01 * seed, lr=lr
+                        )
+        _, md, data, claims = report(tmp_path / "runs", "--select", "train.lr")
+        if grid[0] == 0.001:  # only the first three rates
+            assert data["labels"]["label"] == "pilot"
+            assert data["labels"]["conditions"] == [
+                {
+                    "found": "learning rate chosen at the edge of its grid: nano tied train.lr=0.006 (largest of "
+                    "0.001, 0.003, 0.006), nano untied train.lr=0.001 (smallest of 0.001, 0.003, 0.006); the best "
+                    "rate may lie beyond it",
+                    "fix": "add a rate past each edge to the sweep (the same command with the longer list adds only "
+                    "the new jobs) and report again",
+                }
+            ]
+            shown = {(c["claim"], c["comparison"]): c["verdict"] for c in data["labels"]["shown"]}
+            assert shown[("R4", "nano tied train.lr=0.006")] == "pilot: supported"
+            md_r4 = next(line for line in md.splitlines() if line.startswith("| R4 | nano tied train.lr=0.006 |"))
+            assert "train.lr 0.006 at its grid's upper edge; train.lr 0.001 at its grid's lower edge" in md_r4
+        else:  # each mode's best now has a worse rate on both sides
+            assert data["labels"]["label"] is None and data["labels"]["conditions"] == []
+            assert "train.lr chosen by --select: 0.006 (nano tied train.lr=0.006), 0.001 (nano untied" in md
+        assert claims[("R4", "nano tied train.lr=0.006")]["verdict"] == "supported"
 
 
 def test_a_select_over_one_learning_rate_is_no_tuning_and_old_runs_cannot_tell_the_plateau(tmp_path):

@@ -11,6 +11,8 @@ how to fix it. The conditions, each read from the runs' own files, per group:
   seeds      fewer than MIN_SEEDS seeds. Pilot.
   lr         the group's learning rate was not selected: no --select over a learning-rate key, or one
              whose grid held a single value for this group. Pilot.
+  edge       the rate --select chose is the smallest or the largest its grid tried: the best rate may lie
+             beyond the grid, so the optimum is not bracketed. Pilot (a two-point grid always fires it).
 
 A row's label comes from the groups it reads (those its comparison names and each one's untied
 baseline); the exact parameter counts (R2, C1) and the rows without data are never labelled."""
@@ -27,20 +29,21 @@ MIN_SEEDS = 3
 UNJUDGED = ("no data", "not tested", "descriptive")  # verdicts no rule reached: nothing to label
 EXACT = ("R2", "C1")  # exact parameter counts: no training, no seeds, nothing to label
 PILOT, WITHHELD = "pilot", "withheld"
-KINDS = ("plateau", "baselines", "seeds", "lr")  # the order the report lists them in
+KINDS = ("plateau", "baselines", "seeds", "lr", "edge")  # the order the report lists them in
 RULE = (
     f"a verdict is withheld (shown as 'withheld: VERDICT', what the rule computed) when a group it reads is above "
     f"{PLATEAU_FRACTION:g}x its corpus's unigram perplexity (not off the unigram plateau), and labelled 'pilot: VERDICT' "
     f"when a group has fewer than {MIN_SEEDS} seeds, no unigram baseline in summary.json, or a learning rate not "
-    "chosen by --select over two or more values of a learning-rate key (train.lr, train.lr_embedding, train.lr_output); "
-    "R2 and C1 (exact counts) and rows without data are never labelled"
+    "chosen by --select over two or more values of a learning-rate key (train.lr, train.lr_embedding, train.lr_output), "
+    "or chosen at the smallest or largest value its grid tried (the best rate may lie beyond it); R2 and C1 (exact counts) and rows without data are never labelled"
 )
 
 
 @dataclass(frozen=True)
 class Condition:
     """Why one group's verdicts are labelled, with what the kind reads: the group's perplexity over the
-    unigram's (plateau), its seeds, its train.lr; steps: its training steps."""
+    unigram's (plateau), its seeds, its train.lr (lr), the chosen rate of `key` and the grid it was chosen from
+    (edge); steps: its training steps."""
 
     kind: str
     group: str
@@ -48,6 +51,8 @@ class Condition:
     ratio: float = 0.0
     seeds: tuple[int, ...] = ()
     lr: float | None = None
+    key: str = "train.lr"
+    grid: tuple[float, ...] = ()
 
     @property
     def label(self) -> str:
@@ -67,15 +72,32 @@ def is_lr_key(key: str) -> bool:
     return key.rsplit(".", 1)[-1].startswith("lr")
 
 
-def lr_tuned(group: Group, candidates: list[Group], select: tuple[str, ...]) -> bool:
-    """Whether --select chose this group's learning rate from two or more values: among the candidates
-    (the groups before --select) equal to it in every setting but the selected keys."""
+def family(group: Group, candidates: list[Group], select: tuple[str, ...]) -> list[Group]:
+    """The candidates (the groups before --select) equal to this group in every setting but the selected keys."""
 
     def rest(g: Group) -> str:
         return json.dumps({k: v for k, v in g.setting.items() if k not in select}, sort_keys=True)
 
-    family = [g for g in candidates if rest(g) == rest(group)]
-    return any(is_lr_key(key) and len({json.dumps(g.setting.get(key)) for g in family}) > 1 for key in select)
+    return [g for g in candidates if rest(g) == rest(group)]
+
+
+def lr_tuned(group: Group, candidates: list[Group], select: tuple[str, ...]) -> bool:
+    """Whether --select chose this group's learning rate from two or more values of its family."""
+    members = family(group, candidates, select)
+    return any(is_lr_key(key) and len({json.dumps(g.setting.get(key)) for g in members}) > 1 for key in select)
+
+
+def edges(group: Group, candidates: list[Group], select: tuple[str, ...]) -> list[Condition]:
+    """An edge condition per selected learning-rate key whose chosen value is the smallest or the largest of
+    the numeric values its family tried (a key left at its default, null, in some groups counts only its numbers)."""
+    members = family(group, candidates, select)
+    out = []
+    for key in filter(is_lr_key, select):
+        grid = tuple(sorted({v for g in members if isinstance(v := g.setting.get(key), int | float)}))
+        chosen = group.setting.get(key)
+        if len(grid) > 1 and chosen in (grid[0], grid[-1]):
+            out.append(Condition("edge", group.label, group.runs[0].steps, lr=chosen, key=key, grid=grid))
+    return out
 
 
 def group_conditions(group: Group, candidates: list[Group], select: tuple[str, ...]) -> list[Condition]:
@@ -92,7 +114,7 @@ def group_conditions(group: Group, candidates: list[Group], select: tuple[str, .
         out.append(Condition("seeds", group.label, steps, seeds=seeds))
     if not lr_tuned(group, candidates, select):
         out.append(Condition("lr", group.label, steps, lr=group.setting.get("train.lr")))
-    return out
+    return out + edges(group, candidates, select)
 
 
 def conditions(groups: list[Group], candidates: list[Group], select: tuple[str, ...]) -> dict[str, list[Condition]]:
@@ -133,9 +155,15 @@ def reasons(found: list[Condition]) -> str:
         elif kind == "seeds":
             counts = sorted({len(c.seeds) for c in hits})
             out.append(f"{'-'.join(map(str, dict.fromkeys([counts[0], counts[-1]])))} seeds (< {MIN_SEEDS})")
-        else:
+        elif kind == "lr":
             out.append(f"train.lr {', '.join(dict.fromkeys(rate(c.lr) for c in hits))} untuned")
+        else:
+            out.append("; ".join(f"{c.key} {rate(c.lr)} at its grid's {side(c)} edge" for c in hits))
     return "; ".join(out)
+
+
+def side(c: Condition) -> str:
+    return "lower" if c.lr == c.grid[0] else "upper"
 
 
 def label_rows(
@@ -190,6 +218,17 @@ def summarise(kind: str, hits: list[Condition], n_groups: int) -> tuple[str, str
             else ", ".join(f"{c.group} {seeds_text(c.seeds)}" for c in hits)
         )
         return f"{found}, fewer than {MIN_SEEDS}", f"run seed={','.join(map(str, every))}"
+    if kind == "edge":
+        chosen = ", ".join(
+            f"{c.group if f'{c.key}=' in c.group else f'{c.group} {c.key}={rate(c.lr)}'} "
+            f"({'smallest' if side(c) == 'lower' else 'largest'} of {', '.join(map(rate, c.grid))})"
+            for c in hits
+        )
+        return (
+            f"learning rate chosen at the edge of its grid: {chosen}; the best rate may lie beyond it",
+            "add a rate past each edge to the sweep (the same command with the longer list adds only the new "
+            "jobs) and report again",
+        )
     rates = list(dict.fromkeys(rate(c.lr) for c in hits))
     found = f"one shared lr {rates[0]}" if len(rates) == 1 else f"lr {', '.join(rates)}"
     return (
