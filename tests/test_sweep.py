@@ -438,3 +438,35 @@ def test_a_study_gives_its_primary_comparison_more_seeds_and_declares_families(i
         Path("mine/study/primary.yaml").write_text(MORE_SEEDS.split("add:")[0] + text)
         one_line_error(tiecli("sweep", "study=primary", "--config-dir", "mine", "--dry-run"), 2, message)
     assert not Path("runs").exists()
+
+
+ADDED_RATE = """# tiecli sweep study=edge --config-dir mine
+axes:
+  tying: [untied, tied]
+  train.lr: [0.001, 0.002]
+fixed:
+  model: nano
+when:
+  - {match: {train.lr: 0.001}, set: {train.min_lr: 0.0001}}
+  - {match: {train.lr: 0.002}, set: {train.min_lr: 0.0002}}
+  - {match: {train.lr: 0.003}, set: {train.min_lr: 0.0003}}
+add:
+  - {match: {tying: untied}, axes: {train.lr: [0.003]}}
+"""
+
+
+def test_a_when_rule_may_match_a_value_an_add_rule_brings(isolated):
+    """A rate added past the grid's edge for one mode gets its own min_lr, as the grid's rates do; a value
+    neither the axis nor an add rule has is still refused."""
+    Path("mine/study").mkdir(parents=True)
+    Path("mine/study/edge.yaml").write_text(ADDED_RATE)
+    jobs = dry_run("study=edge", "--config-dir", "mine")
+    assert len(jobs) == 5
+    assert ["tying=untied", "train.lr=0.003", "model=nano", "train.min_lr=0.0003"] in jobs
+    assert not any("tying=tied" in j and "train.lr=0.003" in j for j in jobs)
+    Path("mine/study/edge.yaml").write_text(ADDED_RATE.replace("train.lr: 0.003}, set", "train.lr: 0.004}, set"))
+    one_line_error(
+        tiecli("sweep", "study=edge", "--config-dir", "mine", "--dry-run"),
+        2,
+        "when rule 3: train.lr=0.004 is not one of the axis's values: 0.001, 0.002, 0.003",
+    )

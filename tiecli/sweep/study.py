@@ -51,7 +51,19 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
     extra: dict = {"add": _additions(name, study.get("add") or [], axes)}
     if study.get("families") is not None:
         extra["families"] = _families(name, study["families"])
-    return str(study.get("description") or ""), lines, _rules(name, study.get("when") or [], axes, fixed), extra
+    rules = _rules(name, study.get("when") or [], _with_added(axes, extra["add"]), fixed)
+    return str(study.get("description") or ""), lines, rules, extra
+
+
+def _with_added(axes: dict, add: list[dict]) -> dict:
+    """The axes with the values the `add` rules bring, which `when` rules may match too (a rate added for one
+    tying mode gets its own min_lr)."""
+    out = {k: list(v) if isinstance(v, list) else v for k, v in axes.items()}
+    for rule in add:
+        for key, values in rule["axes"].items():
+            if isinstance(out[key], list):
+                out[key] += [v for v in values if v not in map(_value, out[key])]
+    return out
 
 
 def _families(name: str, spec) -> dict[str, list[str]]:
