@@ -81,16 +81,15 @@ def family(group: Group, candidates: list[Group], select: tuple[str, ...]) -> li
     return [g for g in candidates if rest(g) == rest(group)]
 
 
-def lr_tuned(group: Group, candidates: list[Group], select: tuple[str, ...]) -> bool:
-    """Whether --select chose this group's learning rate from two or more values of its family."""
-    members = family(group, candidates, select)
+def lr_tuned(members: list[Group], select: tuple[str, ...]) -> bool:
+    """Whether --select chose a learning rate from two or more values among a group's family (`members`)."""
     return any(is_lr_key(key) and len({json.dumps(g.setting.get(key)) for g in members}) > 1 for key in select)
 
 
-def edges(group: Group, candidates: list[Group], select: tuple[str, ...]) -> list[Condition]:
+def edges(group: Group, members: list[Group], select: tuple[str, ...]) -> list[Condition]:
     """An edge condition per selected learning-rate key whose chosen value is the smallest or the largest of
-    the numeric values its family tried (a key left at its default, null, in some groups counts only its numbers)."""
-    members = family(group, candidates, select)
+    the numeric values its family (`members`) tried (a key left at its default, null, in some groups counts
+    only its numbers)."""
     out = []
     for key in filter(is_lr_key, select):
         grid = tuple(sorted({v for g in members if isinstance(v := g.setting.get(key), int | float)}))
@@ -112,9 +111,10 @@ def group_conditions(group: Group, candidates: list[Group], select: tuple[str, .
     seeds = tuple(r.seed for r in group.runs)
     if len(seeds) < MIN_SEEDS:
         out.append(Condition("seeds", group.label, steps, seeds=seeds))
-    if not lr_tuned(group, candidates, select):
+    members = family(group, candidates, select)
+    if not lr_tuned(members, select):
         out.append(Condition("lr", group.label, steps, lr=group.setting.get("train.lr")))
-    return out + edges(group, candidates, select)
+    return out + edges(group, members, select)
 
 
 def conditions(groups: list[Group], candidates: list[Group], select: tuple[str, ...]) -> dict[str, list[Condition]]:
