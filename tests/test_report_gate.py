@@ -29,14 +29,15 @@ def corpus(unigram: float | None) -> dict:
     }
 
 
-def gate_run(root, mode, seed, loss, lr=0.003, unigram: float | None = UNIGRAM):
+def gate_run(root, mode, seed, loss, lr=0.003, unigram: float | None = UNIGRAM, lr_embedding=None):
     """nano, mode, seed: final val loss `loss`; every seed's grad cos -0.3 (tied) or 0 (untied), so R4's
-    Δcos is -0.3 in every seed: supported whatever the number of seeds."""
+    Δcos is -0.3 in every seed: supported whatever the number of seeds. lr_embedding: the token matrices'
+    own rate, left null (train.lr's) unless given."""
     config = {
         "device": "auto",
         "compile": False,
         "model": {"block_size": 128, "dropout": 0.0, "bias": True, "n_layer": 2, "n_head": 4, "n_embd": 64},
-        "train": {"max_steps": 20, "max_tokens": None, "lr": lr},
+        "train": {"max_steps": 20, "max_tokens": None, "lr": lr, "lr_embedding": lr_embedding},
         "diag": {"every": 10},
         "tying": {"mode": mode},
         "tokenizer": {"name": "bytes", "vocab_size": V},
@@ -47,7 +48,7 @@ def gate_run(root, mode, seed, loss, lr=0.003, unigram: float | None = UNIGRAM):
         for step, val in ((0, 5.0), (10, loss + 1), (20, loss))
     ]
     make_run(
-        root / f"nano-{mode}-lr{lr}-s{seed}",
+        root / f"nano-{mode}-lr{lr}-emb{lr_embedding}-s{seed}",
         config,
         seed,
         loss,
@@ -177,6 +178,31 @@ def test_a_rate_chosen_at_the_edge_of_its_grid_is_a_pilot_that_names_the_edge(tm
             assert data["labels"]["label"] is None and data["labels"]["conditions"] == []
             assert "train.lr chosen by --select: 0.006 (nano tied train.lr=0.006), 0.001 (nano untied" in md
         assert claims[("R4", "nano tied train.lr=0.006")]["verdict"] == "supported"
+
+
+@pytest.mark.slow
+def test_a_matrix_rate_left_null_counts_as_the_body_rate_it_trains_at(tmp_path):
+    """train.lr_embedding=null,0.006 over a body at 0.003 is the grid 0.003, 0.006: tied's best at 0.006 and
+    untied's at null (0.003) are both at an edge, which counting only the numbers (one value, no grid) missed;
+    0.0015 and 0.012 bracket them and the verdicts are plain."""
+    tied = {None: 0.2, 0.006: 0.0, 0.0015: 0.3, 0.012: 0.1}
+    untied = {None: 0.0, 0.006: 0.2, 0.0015: 0.1, 0.012: 0.3}
+    for grid in ((None, 0.006), (0.0015, 0.012)):
+        for rate in grid:
+            for seed in range(3):
+                for mode, offsets, ppl in (("tied", tied, 0.2), ("untied", untied, 0.25)):
+                    loss = math.log(ppl * UNIGRAM) + offsets[rate] + 0.01 * seed
+                    gate_run(tmp_path / "runs", mode, seed, loss, lr_embedding=rate)
+        _, _, data, _ = report(tmp_path / "runs", "--select", "train.lr_embedding")
+        if grid[0] is None:
+            assert data["labels"]["label"] == "pilot"
+            assert [c["found"] for c in data["labels"]["conditions"]] == [
+                "learning rate chosen at the edge of its grid: nano tied train.lr_embedding=0.006 (largest of "
+                "0.003, 0.006), nano untied train.lr_embedding=None (null: train.lr 0.003, the smallest of 0.003, "
+                "0.006); the best rate may lie beyond it"
+            ]
+        else:
+            assert data["labels"]["label"] is None and data["labels"]["conditions"] == []
 
 
 def test_a_select_over_one_learning_rate_is_no_tuning_and_old_runs_cannot_tell_the_plateau(tmp_path):

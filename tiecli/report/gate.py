@@ -53,6 +53,7 @@ class Condition:
     lr: float | None = None
     key: str = "train.lr"
     grid: tuple[float, ...] = ()
+    null: bool = False  # the chosen value of `key` is null: lr is the train.lr it trains at
 
     @property
     def label(self) -> str:
@@ -86,16 +87,26 @@ def lr_tuned(members: list[Group], select: tuple[str, ...]) -> bool:
     return any(is_lr_key(key) and len({json.dumps(g.setting.get(key)) for g in members}) > 1 for key in select)
 
 
+def peak_rate(group: Group, key: str):
+    """The peak rate `key` gave its parameters: a token matrix's rate left null trains at train.lr
+    (optim.lr_scale), so a grid of null and 2e-3 over a body at 1e-3 is the grid 1e-3, 2e-3."""
+    value = group.setting.get(key)
+    return group.setting.get("train.lr") if value is None and key != "train.lr" else value
+
+
 def edges(group: Group, members: list[Group], select: tuple[str, ...]) -> list[Condition]:
-    """An edge condition per selected learning-rate key whose chosen value is the smallest or the largest of
-    the numeric values its family (`members`) tried (a key left at its default, null, in some groups counts
-    only its numbers)."""
+    """An edge condition per selected learning-rate key whose chosen rate is the smallest or the largest
+    its family (`members`) tried, each rate read as the parameters trained at it (peak_rate). A key
+    every member leaves null (tied's train.lr_output) was not swept: its grid is empty."""
     out = []
     for key in filter(is_lr_key, select):
-        grid = tuple(sorted({v for g in members if isinstance(v := g.setting.get(key), int | float)}))
-        chosen = group.setting.get(key)
+        if not any(isinstance(g.setting.get(key), int | float) for g in members):
+            continue
+        grid = tuple(sorted({v for g in members if isinstance(v := peak_rate(g, key), int | float)}))
+        chosen = peak_rate(group, key)
         if len(grid) > 1 and chosen in (grid[0], grid[-1]):
-            out.append(Condition("edge", group.label, group.runs[0].steps, lr=chosen, key=key, grid=grid))
+            null = group.setting.get(key) is None
+            out.append(Condition("edge", group.label, group.runs[0].steps, lr=chosen, key=key, grid=grid, null=null))
     return out
 
 
@@ -221,7 +232,8 @@ def summarise(kind: str, hits: list[Condition], n_groups: int) -> tuple[str, str
     if kind == "edge":
         chosen = ", ".join(
             f"{c.group if f'{c.key}=' in c.group else f'{c.group} {c.key}={rate(c.lr)}'} "
-            f"({'smallest' if side(c) == 'lower' else 'largest'} of {', '.join(map(rate, c.grid))})"
+            f"({f'null: train.lr {rate(c.lr)}, the ' if c.null else ''}"
+            f"{'smallest' if side(c) == 'lower' else 'largest'} of {', '.join(map(rate, c.grid))})"
             for c in hits
         )
         return (
