@@ -742,6 +742,26 @@ def test_select_compares_each_mode_at_its_own_best_value(tmp_path):
     assert result.exit_code == 1 and "cannot select on the baseline's key tying" in result.output
 
 
+@pytest.mark.slow
+def test_select_compares_rates_on_the_seeds_every_rate_has(tmp_path):
+    """A rate check on seed 0, then the pick (lr 0.001) run on five seeds, each seed holding out its own text.
+    On seed 0, the one seed both rates have, 0.003 is better (3.0 against 3.2); seeds 1-4 only hold out easier
+    text (2.8). Over each group's own seeds 0.001's mean, 2.88, would win against one seed's 3.0: the held-out
+    text, not the rate. Compared on seed 0, 0.003 is kept, and the table says one seed was compared."""
+    for seed in range(5):
+        value = 3.2 if seed == 0 else 2.8
+        synth(
+            tmp_path / "runs", "tied", seed, value, setting={"train": {"lr": 0.001}}, label="-lr0.001", split_seed=seed
+        )
+    synth(tmp_path / "runs", "tied", 0, 3.0, setting={"train": {"lr": 0.003}}, label="-lr0.003", split_seed=0)
+    data, groups, _ = report(tmp_path / "runs", "--select", "train.lr")
+    assert set(groups) == {"nano tied"} and groups["nano tied"]["n_seeds"] == 1
+    [dropped] = data["not_selected"]
+    assert (dropped["values"], dropped["chosen"], dropped["seeds"]) == ("train.lr=0.001", "train.lr=0.003", 1)
+    assert (dropped["loss"], dropped["chosen_loss"]) == (pytest.approx(3.2), pytest.approx(3.0))
+    assert "seeds compared" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_the_synthetic_runs_are_read_as_written(tmp_path):
     """The helper's own check: config, eval.json splits and metrics rows come back through RunReader."""
     synth(tmp_path / "runs", "tied", 0, 3.0, train=2.9, test=3.1, train_eval=2.95, setting={"train": {"lr": 0.01}})

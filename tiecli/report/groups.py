@@ -158,15 +158,17 @@ class NotSelected:
 
     group: str
     values: str  # KEY=VALUE of the selected keys
-    loss: float  # seed-mean final validation loss
+    loss: float  # seed-mean final validation loss over the seeds compared
     chosen: str  # KEY=VALUE of the selected group
     chosen_loss: float
+    seeds: int  # the units (seeds) the family's groups were compared on
 
 
 def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], list[NotSelected]]:
     """Among the groups equal in every setting but the selected keys (e.g. one tying mode at one size
-    over a grid of train.lr), keep the one with the lowest seed-mean final validation loss; the others
-    are left out and listed. The kept groups are labelled afresh."""
+    over a grid of train.lr), keep the one with the lowest seed-mean final validation loss over the
+    seeds they all have (shared_units); the others are left out and listed. The kept groups are
+    labelled afresh."""
     if not keys:
         return groups, []
     for key in keys:
@@ -176,20 +178,39 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
         families.setdefault(
             json.dumps({k: v for k, v in g.setting.items() if k not in keys}, sort_keys=True), []
         ).append(g)
-    best = {id(min(members, key=mean_loss)): members for members in families.values()}
-    kept = [g for g in groups if id(g) in best]
-    dropped = [
-        NotSelected(g.label, values(g, keys), mean_loss(g), values(chosen, keys), mean_loss(chosen))
-        for chosen in kept
-        for g in best[id(chosen)]
-        if g is not chosen
-    ]
+    kept, dropped = [], []
+    for members in families.values():
+        shared = shared_units(members)
+        chosen = min(members, key=lambda g: mean_loss(g, shared))
+        kept.append(chosen)
+        dropped += [
+            NotSelected(
+                g.label,
+                values(g, keys),
+                mean_loss(g, shared),
+                values(chosen, keys),
+                mean_loss(chosen, shared),
+                len(shared),
+            )
+            for g in members
+            if g is not chosen
+        ]
+    kept = [g for g in groups if any(g is k for k in kept)]  # the report's order
     label_groups(kept)
     return kept, dropped
 
 
-def mean_loss(group: Group) -> float:
-    return statistics.fmean(r.loss for r in group.runs)
+def shared_units(members: list[Group]) -> set[tuple]:
+    """The units (seed, split seed) every group of a --select family has. A rate checked on one seed and
+    the pick then run on five are compared on that seed: where each seed holds out its own text, a
+    five-seed mean against one seed's loss would compare held-out texts rather than rates. Empty when
+    no unit is shared (then each group's own mean is used)."""
+    return set.intersection(*({r.unit for r in g.runs} for g in members))
+
+
+def mean_loss(group: Group, units: set[tuple]) -> float:
+    """The group's mean final validation loss over the runs of `units` (all its runs when empty)."""
+    return statistics.fmean(r.loss for r in group.runs if not units or r.unit in units)
 
 
 def values(group: Group, keys: tuple[str, ...]) -> str:

@@ -165,8 +165,19 @@ def selection_table(dropped: list[NotSelected]) -> TableSpec:
     return TableSpec(
         "Not selected (--select)",
         "left out of every other table: among the groups equal but for the selected keys, the one with the lowest seed-mean final "
-        "validation loss was kept",
-        ["group", "its value", "val loss", "selected instead", "selected val loss"],
-        [[d.group, d.values, _num(d.loss, ".4g"), d.chosen, _num(d.chosen_loss, ".4g")] for d in dropped],
+        "validation loss was kept, the means taken over the seeds every one of those groups has (seeds compared; all of each "
+        "group's seeds when none is shared)",
+        ["group", "its value", "val loss", "selected instead", "selected val loss", "seeds compared"],
+        [
+            [
+                d.group,
+                d.values,
+                _num(d.loss, ".4g"),
+                d.chosen,
+                _num(d.chosen_loss, ".4g"),
+                str(d.seeds or "none shared"),
+            ]
+            for d in dropped
+        ],
         text=True,
     )
