@@ -470,3 +470,23 @@ def test_a_when_rule_may_match_a_value_an_add_rule_brings(isolated):
         2,
         "when rule 3: train.lr=0.004 is not one of the axis's values: 0.001, 0.002, 0.003",
     )
+
+
+def test_an_add_rule_may_give_seeds_to_a_value_an_earlier_add_rule_brings(isolated):
+    """The ladder's order: a third rate for untied first, then more seeds at it once it is the pick. The rules
+    apply in order, so the second may match the first's value; a rule that matches a value only a later rule
+    brings is refused, as it would match no job."""
+    study = ADDED_RATE.replace("0.002]\n", "0.002]\n  seed: [0]\n")
+    seeds = "  - {match: {tying: untied, train.lr: 0.003}, axes: {seed: [1, 2]}}\n"
+    Path("mine/study").mkdir(parents=True)
+    Path("mine/study/edge.yaml").write_text(study + seeds)
+    jobs = dry_run("study=edge", "--config-dir", "mine")
+    assert len(jobs) == 7
+    assert ["tying=untied", "train.lr=0.003", "seed=2", "model=nano", "train.min_lr=0.0003"] in jobs
+    first, second = study.rsplit("  - ", 1)
+    Path("mine/study/edge.yaml").write_text(first + seeds + "  - " + second)
+    one_line_error(
+        tiecli("sweep", "study=edge", "--config-dir", "mine", "--dry-run"),
+        2,
+        "add rule 1: train.lr=0.003 is not one of the axis's values: 0.001, 0.002",
+    )

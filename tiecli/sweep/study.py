@@ -89,7 +89,8 @@ def _check_match(where: str, match: dict, axes: dict) -> None:
 
 def _additions(name: str, add, axes: dict) -> list[dict]:
     """A study's `add` rules, checked: each repeats the jobs whose axes take `match`'s values for more values of
-    some axes (more seeds on the primary comparison); `match` may be empty (every job)."""
+    some axes (more seeds on the primary comparison); `match` may be empty (every job), and may name a value an
+    earlier rule brings (more seeds at a rate added for one size), as the rules apply in order."""
     rules = []
     for i, rule in enumerate(add if isinstance(add, list) else [add], 1):
         where = f"study {name!r}, add rule {i}"
@@ -103,7 +104,7 @@ def _additions(name: str, add, axes: dict) -> list[dict]:
         ):
             raise ConfigError(f"{where}: a rule is {{match: {{axis: value, ...}}, axes: {{axis: [values], ...}}}}")
         match = {k: _value(v) for k, v in (rule.get("match") or {}).items()}
-        _check_match(where, match, axes)
+        _check_match(where, match, _with_added(axes, rules))
         for key in rule["axes"]:
             if key not in axes:
                 raise ConfigError(
