@@ -246,8 +246,7 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "selection": (
             f"--select {' '.join(options.select)}: among groups equal but for these keys, the value with the lowest "
             "seed-mean final validation loss over the seeds they all have is kept, the others are listed as not selected; "
-            "baselines are matched "
-            "ignoring these keys, so each group is compared at its own best value"
+            "baselines are matched ignoring these keys, so each group is compared at its own best value"
         )
         if options.select
         else "none (--select)",
