@@ -91,7 +91,7 @@ def _additions(name: str, add, axes: dict) -> list[dict]:
     """A study's `add` rules, checked: each repeats the jobs whose axes take `match`'s values for more values of
     some axes (more seeds on the primary comparison); `match` may be empty (every job), and may name a value an
     earlier rule brings (more seeds at a rate added for one size), as the rules apply in order."""
-    rules = []
+    rules: list[dict] = []
     for i, rule in enumerate(add if isinstance(add, list) else [add], 1):
         where = f"study {name!r}, add rule {i}"
         if (
