@@ -15,6 +15,7 @@ from conftest import TINY
 from helpers import one_line_error, tiecli
 from rich.console import Console
 
+import tiecli.sweep.manifest as manifests
 from tiecli.config.compose import default_config_dir
 from tiecli.run.layout import MANIFEST, SUMMARY
 from tiecli.run.reader import RunReader
@@ -174,7 +175,7 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     one_line_error(
         tiecli("sweep", *NODATA, "data=textfile", "data.path=good.txt", "--name", "files"),
         1,
-        "already has 1 job(s) this command leaves out",
+        "already has 1 started job(s) this command leaves out",
     )
     result = tiecli(
         "sweep",
@@ -188,6 +189,24 @@ def test_a_failing_job_does_not_stop_the_others_and_a_rerun_retries_it(isolated)
     )
     actions = [line.split(" [")[1].split("]")[0] for line in result.output.splitlines() if "]: " in line]
     assert actions == ["completed, skip", "completed, skip", "new"]
+
+
+def test_a_rerun_may_leave_out_jobs_that_never_started_but_not_one_that_did(isolated):
+    """A study whose results so far make a planned point needless drops it before it runs; a job that started
+    has a run or a log in the folder, so leaving it out is refused."""
+    folder, manifest, _ = plan.plan([*TINY, "seed=0,1,2"], None, Path("runs"), "seeds")
+    started = manifest.jobs[0]
+    started.state, started.attempts, started.exit_code = "completed", 1, 0
+    manifests.save(folder, manifest)
+
+    _, fewer, _ = plan.plan([*TINY, "seed=0,1"], None, Path("runs"), "seeds")
+    assert [j.name for j in fewer.jobs] == [j.name for j in manifest.jobs[:2]]
+    assert (fewer.jobs[0].state, fewer.jobs[0].attempts, fewer.jobs[1].state) == ("completed", 1, "pending")
+    one_line_error(
+        tiecli("sweep", *TINY, "seed=1,2", "--name", "seeds", "--dry-run"),
+        1,
+        f"sweep 'seeds' already has 1 started job(s) this command leaves out (e.g. {started.name!r})",
+    )
 
 
 @pytest.mark.slow

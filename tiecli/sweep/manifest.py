@@ -3,7 +3,8 @@
 
 It is rewritten atomically after each change, so it is true whenever the sweep stops. A job's
 run_dir and log in it are relative to the sweep folder, so the folder can move. A re-run may add
-jobs (more seeds, a new mode) but not drop any: the manifest always describes every run in the folder.
+jobs (more seeds, a new mode) and drop jobs that never started, but not one that did: the manifest
+always describes every run and log in the folder.
 Its records (SweepManifest, SweepJob) are read and written by the storage layer.
 """
 
@@ -52,8 +53,9 @@ def keep_old_names(
 def merge(old: SweepManifest, new: SweepManifest) -> SweepManifest:
     """The new command's manifest, keeping what the old one knew about the same jobs.
 
-    Adding jobs is allowed (more seeds, a new mode); dropping some is refused, so the manifest
-    never stops describing a run that sits in its folder.
+    Adding jobs is allowed (more seeds, a new mode), and so is leaving out a job that never started (a
+    study's planned point made needless by the results so far); leaving out one that started is refused,
+    so the manifest never stops describing a run or a log that sits in its folder.
     """
     known = {j.name: j for j in old.jobs}
     changed = next(
@@ -64,10 +66,10 @@ def merge(old: SweepManifest, new: SweepManifest) -> SweepManifest:
             f"sweep {new.name!r}: job {changed.name!r} ran with `{' '.join(known[changed.name].overrides)}`, "
             f"not `{' '.join(changed.overrides)}`; re-run it with the same overrides (`{old.command}`) or pick another --name"
         )
-    dropped = sorted(known.keys() - {j.name for j in new.jobs})
+    dropped = sorted(n for n in known.keys() - {j.name for j in new.jobs} if known[n].attempts > 0)
     if dropped:
         raise TiecliError(
-            f"sweep {new.name!r} already has {len(dropped)} job(s) this command leaves out (e.g. {dropped[0]!r}); "
+            f"sweep {new.name!r} already has {len(dropped)} started job(s) this command leaves out (e.g. {dropped[0]!r}); "
             f"re-run it with the same overrides (`{old.command}`) or pick another --name"
         )
     history = ("state", "exit_code", "error", "started", "ended", "attempts", "job_id")
