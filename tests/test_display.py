@@ -4,6 +4,7 @@ import io
 import re
 
 import pytest
+import shellingham
 from conftest import TINY
 from rich.console import Console
 from typer.testing import CliRunner
@@ -96,13 +97,16 @@ def test_plain_lines_come_at_most_every_30_seconds_except_the_last(monkeypatch):
     assert steps == ["10/40", "30/40", "40/40"]  # 20 came 1 s after 10; the last step always shows
 
 
-def test_version_and_completion():
+def test_version_and_completion(monkeypatch):
     runner = CliRunner()
     from tiecli import __version__
 
     assert runner.invoke(app, ["--version"]).output.strip() == f"tiecli {__version__}"
-    result = runner.invoke(app, ["--show-completion", "bash"], prog_name="tiecli")
-    assert result.exit_code == 0 and "complete" in result.output
+    # --show-completion is a flag: Typer asks shellingham which shell runs it, and a pytest started with no
+    # shell among its ancestors (nohup, a service) has none, so the test names the user's shell itself
+    monkeypatch.setattr(shellingham, "detect_shell", lambda: ("bash", "/bin/bash"))
+    result = runner.invoke(app, ["--show-completion"], prog_name="tiecli")
+    assert result.exit_code == 0 and "_TIECLI_COMPLETE=complete_bash" in result.output
 
 
 def test_a_log_says_when_the_first_step_waits_for_the_compile():
