@@ -135,11 +135,19 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
     # the parser sets input_line on every Override it returns
     group_overrides = [typing.cast(str, o.input_line) for o in parsed if o.key_or_group in GROUPS]
     with _merged(dirs) as primary, initialize_config_dir(config_dir=primary, version_base=None):
-        base = _hydra_compose([*group_overrides, f"hardware={hardware}"])
+        # One composition when every key exists (a sweep composes each of its jobs: this is most of a dry run's
+        # time); Hydra's error for an unknown key names no valid ones, so then the files alone say which are.
+        try:
+            cfg = _hydra_compose([*(typing.cast(str, o.input_line) for o in parsed), f"hardware={hardware}"])
+        except ConfigError as error:
+            failed, cfg = error, _hydra_compose([*group_overrides, f"hardware={hardware}"])
+        else:
+            failed = None
         for o in parsed:
             if o.key_or_group not in GROUPS:
-                _check_key(base, o.key_or_group)
-        cfg = _hydra_compose([*(typing.cast(str, o.input_line) for o in parsed), f"hardware={hardware}"])
+                _check_key(cfg, o.key_or_group)
+        if failed:
+            raise failed
     given = {o.key_or_group for o in parsed}
     for key, other in ALTERNATIVES.items():
         if key in given and other not in given:
