@@ -137,12 +137,11 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
     with _merged(dirs) as primary, initialize_config_dir(config_dir=primary, version_base=None):
         # One composition when every key exists (a sweep composes each of its jobs: this is most of a dry run's
         # time); Hydra's error for an unknown key names no valid ones, so then the files alone say which are.
+        failed: ConfigError | None = None
         try:
             cfg = _hydra_compose([*(typing.cast(str, o.input_line) for o in parsed), f"hardware={hardware}"])
         except ConfigError as error:
             failed, cfg = error, _hydra_compose([*group_overrides, f"hardware={hardware}"])
-        else:
-            failed = None
         for o in parsed:
             if o.key_or_group not in GROUPS:
                 _check_key(cfg, o.key_or_group)
