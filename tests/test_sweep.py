@@ -202,6 +202,10 @@ def test_a_rerun_may_leave_out_jobs_that_never_started_but_not_one_that_did(isol
     _, fewer, _ = plan.plan([*TINY, "seed=0,1"], None, Path("runs"), "seeds")
     assert [j.name for j in fewer.jobs] == [j.name for j in manifest.jobs[:2]]
     assert (fewer.jobs[0].state, fewer.jobs[0].attempts, fewer.jobs[1].state) == ("completed", 1, "pending")
+    out = io.StringIO()
+    scheduler._prepare(folder, fewer, Console(file=out, width=300))  # what the sweep says as it starts
+    assert f"1 job(s) that never started left out (e.g. {manifest.jobs[2].name!r})" in out.getvalue()
+    assert "new job(s)" not in out.getvalue()
     one_line_error(
         tiecli("sweep", *TINY, "seed=1,2", "--name", "seeds", "--dry-run"),
         1,

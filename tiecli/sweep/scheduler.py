@@ -147,9 +147,14 @@ def _prepare(sweep_dir: Path, manifest: SweepManifest, console: Console) -> tupl
     todo = [j for j in manifest.jobs if j.state != "completed"]
     for job in todo:
         _check_free(sweep_dir / job.run_dir, job.name, manifest.name)
-    if old and len(manifest.jobs) > len(old.jobs):
+    before = {j.name for j in old.jobs} if old else set()
+    added = [j.name for j in manifest.jobs if j.name not in before]
+    left_out = sorted(before - {j.name for j in manifest.jobs})  # manifests.merge lets only unstarted ones go
+    if old and added:
+        console.print(f"sweep {manifest.name!r}: {len(added)} new job(s) added to the {len(old.jobs)} in its manifest")
+    if left_out:
         console.print(
-            f"sweep {manifest.name!r}: {len(manifest.jobs) - len(old.jobs)} new job(s) added to the {len(old.jobs)} in its manifest"
+            f"sweep {manifest.name!r}: {len(left_out)} job(s) that never started left out (e.g. {left_out[0]!r})"
         )
     if len(todo) < len(manifest.jobs):
         console.print(f"{len(manifest.jobs) - len(todo)} of {len(manifest.jobs)} jobs already completed; skipping them")
