@@ -6,7 +6,7 @@ from helpers import write_run
 
 from tiecli.report import load, plots
 from tiecli.report.compare import compare
-from tiecli.report.groups import SIZE_KEYS, Baseline, group_runs
+from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, group_runs
 from tiecli.report.stats import mean_ci
 
 # three sizes whose names sort, as text, unlike their parameter counts (micro < nano < small)
@@ -28,6 +28,7 @@ def report_groups(root, baseline="tying=untied"):
     for g in groups:
         g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
         g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
+        g.budget_series = " ".join(v for k, v in g.parts.items() if k not in BUDGET_KEYS)
         g.stats = {"perplexity": mean_ci(r.perplexity for r in g.runs)}
         g.target = targets.get(g.label)
     return groups

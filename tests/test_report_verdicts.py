@@ -628,6 +628,31 @@ def test_r5_fits_the_penalty_against_tokens_seen_and_draws_that_axis(tmp_path):
     assert "ppl_vs_params.png: not drawn (one model size" in (out / "report.md").read_text()
 
 
+def test_ppl_vs_tokens_draws_a_line_per_mode_through_each_budgets_selected_rate(tmp_path):
+    """Each budget's best train.lr differs (3e-3 at 10k tokens, 1e-3 at 100k): one line per mode, two points each."""
+    from tiecli import report as tiecli_report
+    from tiecli.report import plots
+    from tiecli.report.groups import Baseline
+
+    best = {10: 0.003, 100: 0.001}
+    for k, chosen in best.items():
+        for lr in (0.001, 0.003):
+            for mode in ("untied", "tied"):
+                loss = (3.5 if k == 10 else 3.0) + (mode == "tied") * 0.1 + (lr != chosen) * 0.2
+                setting = {"train": {"max_tokens": k * TOKENS_PER_STEP, "lr": lr}}
+                synth(tmp_path, mode, 0, loss, curve=[(0, 5.0), (k, loss)], setting=setting, label=f"-{k}k-{lr}")
+    _, groups, _, _ = tiecli_report.load_groups([tmp_path])
+    groups, dropped = tiecli_report.select(groups, ("train.lr",))
+    assert len(groups) == 4 and len(dropped) == 4
+    tiecli_report.prepare(groups, [], dataclasses.replace(Baseline.parse("tying=untied"), free=("train.lr",)))
+    ax = plots.ppl_vs_tokens(groups).axes[0]
+    lines = {c.get_label(): list(c.lines[0].get_xdata()) for c in ax.containers}
+    assert lines == {
+        "nano tied": [10 * TOKENS_PER_STEP, 100 * TOKENS_PER_STEP],
+        "nano untied": [10 * TOKENS_PER_STEP, 100 * TOKENS_PER_STEP],
+    }
+
+
 # --- generalisation gap and the test split -------------------------------------------------------------------------
 
 

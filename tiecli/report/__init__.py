@@ -42,7 +42,17 @@ from tiecli.report import (
     tables,
     terminal,
 )
-from tiecli.report.groups import IGNORED_KEYS, IGNORED_PREFIXES, SIZE_KEYS, Baseline, Group, group_runs, select, units
+from tiecli.report.groups import (
+    BUDGET_KEYS,
+    IGNORED_KEYS,
+    IGNORED_PREFIXES,
+    SIZE_KEYS,
+    Baseline,
+    Group,
+    group_runs,
+    select,
+    units,
+)
 from tiecli.report.listing import runs_table
 from tiecli.run.files import atomic_write, write_json
 
@@ -201,13 +211,17 @@ def labels(top: list[str], shown: list[claims_rules.Claim], found: dict[str, lis
 
 
 def prepare(groups: list[Group], comparisons: list[compare.Comparison], axis: Baseline) -> None:
-    """Each group's convergence target (its pair's; none for a baseline), statistics, figure panel and series."""
+    """Each group's convergence target (its pair's; none for a baseline), statistics, figure panel and series
+    (axis.free: the --select keys)."""
     targets = {c.group.label: c.target for c in comparisons}
     for g in groups:
         g.target = targets.get(g.label)
         g.stats = stats.aggregate(g)
         g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
-        g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
+        # a line per mode through each size's or budget's own selected rate, not a line per rate
+        kept = {k: v for k, v in g.parts.items() if k not in axis.free}
+        g.series = " ".join(v for k, v in kept.items() if k != "model" and k not in SIZE_KEYS)
+        g.budget_series = " ".join(v for k, v in kept.items() if k not in BUDGET_KEYS)
 
 
 def family_rules(rows: list[claims_rules.Claim], source: str) -> dict[str, str]:

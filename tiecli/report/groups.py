@@ -42,7 +42,8 @@ class Group:
     target: float | None = None  # convergence target loss
     stats: dict = field(default_factory=dict)  # per-run number -> stats.Interval over the seeds (or None)
     panel: str = ""  # the figure panel: the label less the baseline axis
-    series: str = ""  # the figure series: the label less the model size
+    series: str = ""  # ppl_vs_params' series: the label less the model size and the --select keys
+    budget_series: str = ""  # ppl_vs_tokens' series: the label less the token budget and the --select keys
 
     @property
     def mode(self) -> str:

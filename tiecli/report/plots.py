@@ -17,8 +17,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from tiecli.report.groups import BUDGET_KEYS
-
 if TYPE_CHECKING:
     from tiecli.report.groups import Group
 
@@ -274,7 +272,7 @@ def ppl_vs_tokens(groups: list["Group"]) -> Figure:
     return ppl_against(
         groups,
         lambda g: g.tokens,
-        lambda g: " ".join(v for k, v in g.parts.items() if k not in BUDGET_KEYS),  # the label less the budget
+        lambda g: g.budget_series,
         "tokens seen",
         "one token budget: perplexity against tokens seen needs two or more",
     )
