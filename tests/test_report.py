@@ -135,12 +135,13 @@ def test_equal_parameter_view(sweep):
         g["equal_params_delta_ppl_pct_high"],
     ) == pytest.approx((as_ppl(mean), as_ppl(low), as_ppl(high)))
     assert g["equal_params_base_perplexity_mean"] == pytest.approx(statistics.fmean(math.exp(b) for b in base))
+    assert g["equal_params_split"] == "val"  # these runs have no test evaluation
     # nano tied has fewer parameters than any untied model: nothing to interpolate from
     assert groups["nano tied"]["equal_params_delta_ppl_pct_mean"] is None
     assert "outside" in groups["nano tied"]["equal_params_note"]
     report = (sweep / "out" / "report.md").read_text()
     assert (
-        "Validation at equal total parameters (smaller body)" in report
+        "Perplexity at equal total parameters (smaller body)" in report
         and "Validation at equal architecture" in report
         and "n/a" in report
     )

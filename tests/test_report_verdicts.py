@@ -560,7 +560,64 @@ def test_equal_parameters_refuses_a_non_monotone_bracket(tmp_path):
     _, groups, _ = report(tmp_path / "runs")
     g = groups["micro tied"]
     assert g["equal_params_note"].startswith("n/a: non-monotone") and g["equal_params_delta_ppl_pct_mean"] is None
-    assert "Validation at equal total parameters (smaller body)" in (tmp_path / "out" / "report.md").read_text()
+    assert "Perplexity at equal total parameters (smaller body)" in (tmp_path / "out" / "report.md").read_text()
+
+
+def narrowed_untied(root, seed, loss, test, non_embedding):
+    """An untied run 40 wide (the nano shape otherwise), its body chosen so its total lands near nano tied's;
+    final val loss `loss`, test loss `test`."""
+    vd, positional = V * 40, 128 * 40
+    split = {"input_embedding": vd, "output_matrix": vd, "shared": 0, "positional": positional}
+    config = {
+        "device": "auto",
+        "compile": False,
+        "model": {"block_size": 128, "dropout": 0.0, "bias": True, "n_layer": 2, "n_head": 4, "n_embd": 40},
+        "train": {"max_steps": 20, "max_tokens": None, "lr": 0.003},
+        "diag": {"every": 0},
+        "tying": {"mode": "untied"},
+        "tokenizer": {"name": "bytes", "vocab_size": V},
+    }
+    writer = make_run(
+        root / f"nano40-untied-s{seed}",
+        config,
+        seed,
+        loss,
+        [MetricsRow(step=step, tokens=step * TOKENS_PER_STEP, lr=0.003, val_loss=val) for step, val in curve_to(loss)],
+        [],
+        params={**split, "non_embedding": non_embedding, "total": 2 * vd + positional + non_embedding},
+        choices={"model": "nano", "tying": "untied", "data": "shakespeare", "tokenizer": "bytes"},
+        keep_open=True,
+    )
+    writer.eval(EvalResult("test", 20, test, math.exp(test), test / 2, 5000, 10000, {}))
+    writer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body, matched", [(39_700, True), (41_000, False)])
+def test_equal_parameters_reads_a_baseline_within_two_percent_as_is(tmp_path, body, matched):
+    """An untied model narrowed to tied nano's total (64,576): at +1.1% it is the comparison itself, paired by
+    seed on the test split (every run has one); at +3.1% it is one size, nothing to interpolate from."""
+    tied_total = params("nano", "tied")["total"]
+    tied, untied = [3.27 + 0.01 * s for s in range(3)], [3.15 + 0.03 * s for s in range(3)]  # test losses
+    for seed in range(3):
+        synth(tmp_path / "runs", "tied", seed, 3.2 + 0.01 * seed, test=tied[seed])
+        narrowed_untied(tmp_path / "runs", seed, 3.1 + 0.03 * seed, untied[seed], body)
+    _, groups, _ = report(tmp_path / "runs")
+    g = groups["nano tied model.n_embd=64"]
+    offset = (2 * V * 40 + 128 * 40 + body) / tied_total - 1
+    if not matched:
+        assert g["equal_params_note"] == "baseline at one size only" and g["equal_params_delta_loss_mean"] is None
+        return
+    mean, low, high = interval([a - b for a, b in zip(tied, untied)])
+    assert (
+        g["equal_params_delta_loss_mean"],
+        g["equal_params_delta_loss_low"],
+        g["equal_params_delta_loss_high"],
+    ) == pytest.approx((mean, low, high))
+    assert g["equal_params_split"] == "test"
+    assert g["equal_params_perplexity_mean"] == pytest.approx(statistics.fmean(map(math.exp, tied)))
+    assert g["equal_params_base_perplexity_mean"] == pytest.approx(statistics.fmean(map(math.exp, untied)))
+    assert g["equal_params_note"] == f"nano untied model.n_embd=40 ({offset:+.1%} parameters)"
 
 
 @pytest.mark.slow

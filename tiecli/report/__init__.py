@@ -275,8 +275,9 @@ def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> di
         "evaluations precede the target",
         "equal total parameters (smaller body)": "the baseline's loss linear in log(total parameters) between the two bracketing "
         "baseline sizes, seed by seed: an untied model of equal total has a smaller body and "
-        "fewer FLOPs; n/a outside the baseline's sizes, or non-monotone: the baseline's seed-mean "
-        "loss does not fall across the bracket",
+        f"fewer FLOPs; a baseline group within {compare.PARAMS_MATCH:.0%} of the group's total is read as is, "
+        "paired by seed (a model narrowed to match it); n/a outside the baseline's sizes, or non-monotone: the "
+        "baseline's seed-mean loss does not fall across the bracket",
         "equal compute": "training FLOPs = 6 x (non-embedding parameters + V x C) x tokens (the V x C output head is a matmul "
         "tied or not; the input lookup is not); the baseline's loss linear in log FLOPs across its sizes and token "
         "budgets, with the same bracket and non-monotone rules",

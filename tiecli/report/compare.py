@@ -147,6 +147,8 @@ class EqualParams:
 
     why: str | None = None
     between: tuple[str, ...] | None = None
+    split: str | None = None  # test when every run read has it, else val (as the claims)
+    own_perplexity: Interval | None = None  # the group's, on that split, over the paired seeds
     base_perplexity: Interval | None = None
     dloss: list[float] = field(default_factory=list)  # per seed: loss - interpolated baseline loss
 
@@ -162,10 +164,16 @@ class EqualParams:
         return " and ".join(self.between) if self.between else self.why
 
 
+# A control that narrows the untied model to the tied one's total (docs_ladder_equal) lands within about 1%: a
+# baseline group that close is the comparison itself, read as is rather than extrapolated past the ladder's end.
+PARAMS_MATCH = 0.02
+
+
 def equal_params(g: Group, groups: list[Group], baseline: Baseline) -> EqualParams:
-    """g against the baseline at g's total parameter count, across the baseline's sizes."""
+    """g against the baseline at g's total parameter count, across the baseline's sizes; a baseline group
+    within PARAMS_MATCH of that count is read as is."""
     ladder = [b for b in groups if baseline.matches(b) and baseline.rest(b, SIZE_KEYS) == baseline.rest(g, SIZE_KEYS)]
-    return interpolate(g, ladder, lambda x: x.params["total"], "parameters")
+    return interpolate(g, ladder, lambda x: x.params["total"], "parameters", PARAMS_MATCH)
 
 
 def equal_compute(g: Group, groups: list[Group], baseline: Baseline) -> EqualParams:
@@ -177,14 +185,21 @@ def equal_compute(g: Group, groups: list[Group], baseline: Baseline) -> EqualPar
     return interpolate(g, ladder, lambda x: statistics.fmean(r.flops for r in x.runs), "FLOPs")
 
 
-def interpolate(g: Group, ladder: list[Group], x_of, unit: str) -> EqualParams:
+def interpolate(g: Group, ladder: list[Group], x_of, unit: str, match: float = 0.0) -> EqualParams:
     """The baseline's loss at x_of(g), seed by seed, linear in log x between the two ladder groups
-    that bracket it (the group itself when one sits exactly there); n/a outside the ladder, with one
-    point, or when the ladder's seed-mean loss does not fall from the lower to the upper point."""
+    that bracket it (the nearest group itself when its x is within `match`, relative, of g's); n/a
+    outside the ladder, with one point, or when the ladder's seed-mean loss does not fall from the
+    lower to the upper point."""
     ladder = sorted(ladder, key=x_of)
     xs, x = [x_of(b) for b in ladder], x_of(g)
-    if x in xs:
-        ladder = [ladder[xs.index(x)]] * 2
+    split = "test" if all(r.test for b in [g, *ladder] for r in b.runs) else "val"
+
+    def loss(r) -> float:  # every run read has the split
+        return (r.test or {})["loss"] if split == "test" else r.loss
+
+    near = min(range(len(xs)), key=lambda i: abs(math.log(xs[i] / x)), default=None)
+    if near is not None and abs(xs[near] / x - 1) <= match:
+        ladder = [ladder[near]] * 2
     elif len(ladder) < 2:
         return EqualParams(why="baseline at one size only")
     elif not xs[0] < x < xs[-1]:
@@ -192,17 +207,21 @@ def interpolate(g: Group, ladder: list[Group], x_of, unit: str) -> EqualParams:
     else:
         i = int(np.searchsorted(xs, x))
         ladder = ladder[i - 1 : i + 1]
-        if statistics.fmean(r.loss for r in ladder[1].runs) >= statistics.fmean(r.loss for r in ladder[0].runs):
+        lower, upper = (statistics.fmean(map(loss, b.runs)) for b in ladder)
+        if upper >= lower:
             return EqualParams(why="n/a: non-monotone (the baseline's loss does not fall across the bracket)")
-    low, high = ({r.unit: r.loss for r in b.runs} for b in ladder)
+    low, high = ({r.unit: loss(r) for r in b.runs} for b in ladder)
     logs = [math.log(x_of(b)) for b in ladder]
     w = 0.0 if logs[0] == logs[1] else (math.log(x) - logs[0]) / (logs[1] - logs[0])
     base = {s: low[s] + w * (high[s] - low[s]) for s in low if s in high}
-    pairs = [(r.loss, base[r.unit]) for r in g.runs if r.unit in base]
+    pairs = [(loss(r), base[r.unit]) for r in g.runs if r.unit in base]
     if not pairs:
         return EqualParams(why="no seed in common with the bracketing baseline groups")
+    offset = f" ({x_of(ladder[0]) / x - 1:+.1%} {unit})" if ladder[0] is ladder[1] and x_of(ladder[0]) != x else ""
     return EqualParams(
-        between=tuple(dict.fromkeys(b.label for b in ladder)),
+        between=tuple(dict.fromkeys(b.label + offset for b in ladder)),
+        split=split,
+        own_perplexity=mean_ci(math.exp(a) for a, _ in pairs),
         base_perplexity=mean_ci(math.exp(b) for _, b in pairs),
         dloss=[a - b for a, b in pairs],
     )

@@ -100,6 +100,7 @@ def group_row(g: Group, c: Comparison | None, eq: EqualParams, compute: EqualPar
     row |= comparison_columns(c)
     for name, view in (("equal_params", eq), ("equal_compute", compute)):
         row |= _flat_ci(f"{name}_delta_loss", view.loss) | _flat_ci(f"{name}_delta_ppl_pct", view.perplexity)
+        row |= {f"{name}_split": view.split} | _flat_ci(f"{name}_perplexity", view.own_perplexity)
         row |= _flat_ci(f"{name}_base_perplexity", view.base_perplexity) | {f"{name}_note": view.note()}
     return row
 

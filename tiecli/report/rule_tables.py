@@ -61,19 +61,34 @@ def compute_table(groups: list[Group], compute: dict[str, EqualParams], versus: 
     def row(g):
         eq = compute[g.label]
         compared = (
-            [_mean(eq.base_perplexity, ".4g"), ci_text(eq.perplexity, 3, " %"), eq.note()]
+            [
+                eq.split,
+                _mean(eq.own_perplexity, ".4g"),
+                _mean(eq.base_perplexity, ".4g"),
+                ci_text(eq.perplexity, 3, " %"),
+            ]
+            + [eq.note()]
             if eq.between
-            else ["n/a", "n/a", eq.why]
+            else ["val", _mean(g.stats["perplexity"], ".4g"), "n/a", "n/a", eq.why]
         )
-        return [g.label, _mean(g.stats["flops"], ".3g"), _mean(g.stats["perplexity"], ".4g"), *compared]
+        return [g.label, _mean(g.stats["flops"], ".3g"), *compared]
 
     return TableSpec(
-        "Validation at equal training compute",
+        "Perplexity at equal training compute",
+        "on the test split when every run read has one, else the validation split, as the claims; "
         "FLOPs = 6 x (non-embedding parameters + V x C) x tokens: the output head is a V x C matmul tied or not, the input "
         "embedding a lookup; the baseline's loss interpolated linearly in log FLOPs between the two baseline groups (any size or "
         "token budget) that bracket the group's FLOPs, seed by seed; n/a outside them or when the baseline's loss does not fall "
         f"across the bracket (non-monotone); delta ppl = 100 (exp(Δloss) - 1) {versus}",
-        ["group", "FLOPs", "perplexity", "baseline ppl at equal FLOPs", "delta ppl % [95% CI]", "baseline point(s)"],
+        [
+            "group",
+            "FLOPs",
+            "split",
+            "perplexity",
+            "baseline ppl at equal FLOPs",
+            "delta ppl % [95% CI]",
+            "baseline point(s)",
+        ],
         [row(g) for g in groups if g.label in compute],
     )
 

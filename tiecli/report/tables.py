@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from tiecli.display import num as _num
 from tiecli.report.claims_rules import VERDICT_RULE, Claim
-from tiecli.report.compare import Comparison, EqualParams
+from tiecli.report.compare import PARAMS_MATCH, Comparison, EqualParams
 from tiecli.report.gate import RULE as GATE_RULE
 from tiecli.report.groups import Group
 from tiecli.report.load import Run, Skipped
@@ -215,24 +215,28 @@ def equal_table(groups: list[Group], equal: dict[str, EqualParams], versus: str)
     def row(g):
         eq = equal[g.label]
         if eq.between:
+            own = [str(eq.split), _stat(eq.own_perplexity)]
             compared = [_stat(eq.base_perplexity), ci_text(eq.perplexity, 3, " %"), " and ".join(eq.between)]
-        else:
-            compared = ["n/a", "n/a", str(eq.why)]  # why is set whenever between is not
-        return [g.label, f"{g.params['total']:,}", _stat(g.stats["perplexity"]), *compared]
+        else:  # why is set whenever between is not
+            own, compared = ["val", _stat(g.stats["perplexity"])], ["n/a", "n/a", str(eq.why)]
+        return [g.label, f"{g.params['total']:,}", *own, *compared]
 
     return TableSpec(
-        "Validation at equal total parameters (smaller body)",
+        "Perplexity at equal total parameters (smaller body)",
+        "on the test split when every run read has one, else the validation split, as the claims; "
         "the baseline's log perplexity interpolated linearly in log(total parameters) between the two baseline sizes that "
-        "bracket the group's total, seed by seed: an untied model of that total has a smaller body and fewer FLOPs; "
-        f"delta ppl = 100 (exp(Δloss) - 1) {versus}; n/a: outside the baseline's sizes, or non-monotone (its loss does not fall "
-        "across the bracket)",
+        "bracket the group's total, seed by seed: an untied model of that total has a smaller body and fewer FLOPs; a "
+        f"baseline group within {PARAMS_MATCH:.0%} of the group's total (one narrowed to match it) is read as is, "
+        f"its offset shown; delta ppl = 100 (exp(Δloss) - 1) {versus}; n/a: outside the baseline's sizes, or non-monotone "
+        "(its loss does not fall across the bracket)",
         [
             "group",
             "total params",
+            "split",
             "perplexity",
             "baseline ppl at equal params",
             "delta ppl % [95% CI]",
-            "interpolated between",
+            "baseline group(s)",
         ],
         [row(g) for g in groups if g.label in equal],
     )
