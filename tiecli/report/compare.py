@@ -16,6 +16,7 @@ from tiecli.report.stats import (
     MIN_EVALS,
     Interval,
     final_loss,
+    judged_split,
     matched_gap,
     mean_ci,
     paired,
@@ -107,7 +108,7 @@ class Comparison:
     @property
     def split(self) -> str:
         """The split final numbers are judged on: test when every run of both groups has it, else val."""
-        return "test" if all(r.test for r in self.group.runs + self.base.runs) else "val"
+        return judged_split(self.group.runs + self.base.runs)
 
     def steps_pairs(self) -> list[tuple]:
         return paired(self.group, self.base, lambda r: reach(r, self.target)[0])
@@ -192,7 +193,7 @@ def interpolate(g: Group, ladder: list[Group], x_of, unit: str, match: float = 0
     lower to the upper point."""
     ladder = sorted(ladder, key=x_of)
     xs, x = [x_of(b) for b in ladder], x_of(g)
-    split = "test" if all(r.test for b in [g, *ladder] for r in b.runs) else "val"
+    split = judged_split([r for b in [g, *ladder] for r in b.runs])
 
     def loss(r) -> float:  # every run read has the split
         return (r.test or {})["loss"] if split == "test" else r.loss

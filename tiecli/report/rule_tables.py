@@ -66,8 +66,8 @@ def compute_table(groups: list[Group], compute: dict[str, EqualParams], versus: 
                 _mean(eq.own_perplexity, ".4g"),
                 _mean(eq.base_perplexity, ".4g"),
                 ci_text(eq.perplexity, 3, " %"),
+                eq.note(),
             ]
-            + [eq.note()]
             if eq.between
             else ["val", _mean(g.stats["perplexity"], ".4g"), "n/a", "n/a", eq.why]
         )

@@ -145,6 +145,11 @@ def embedding_share(params: dict) -> float:
     return (params["input_embedding"] + params["output_matrix"] + params["shared"]) / params["total"]
 
 
+def judged_split(runs: list[Run]) -> str:
+    """The split final numbers are judged on: test when every run has it, else val."""
+    return "test" if all(r.test for r in runs) else "val"
+
+
 def final_loss(run: Run, split: str) -> float | None:
     """The run's loss on the whole val or test split (None when it has no test evaluation)."""
     return run.loss if split == "val" else (run.test or {}).get("loss")
