@@ -51,10 +51,12 @@ def run_dir(
     unigram=None,
     dtype="fp32",
     threads=None,
+    requested_dtype=None,
 ):
     """A run as `tiecli train` writes one: logged train losses and grad norms every LOG_EVERY steps, evaluations at
     0, 50 and 100 (val curve 5.0, loss + 1, loss; train_eval_loss from fit = (at 50, at 100)), geometry at 0 and
-    STEPS with drift = (input, output), summary.json with dtype, threads and the unigram perplexity of its corpus."""
+    STEPS with drift = (input, output), summary.json with dtype, threads and the unigram perplexity of its corpus;
+    requested_dtype is config.yaml's dtype (absent without it, as in a tiecli older than the key)."""
     losses, norms = losses or smooth_losses(), norms or [1.0] * (STEPS // LOG_EVERY)
     val = {0: 5.0, 50: loss + 1, STEPS: loss}
     rows = [MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0)]
@@ -78,8 +80,9 @@ def run_dir(
         "diag": {"every": 0},
         "tying": {"mode": mode},
         "tokenizer": {"name": "bytes", "vocab_size": V},
+        **({"dtype": requested_dtype} if requested_dtype else {}),
     }
-    name = f"{size}-{mode}-lr{lr:g}-s{seed}"
+    name = f"{size}-{mode}-lr{lr:g}-s{seed}" + (f"-{requested_dtype}-{dtype}" if requested_dtype else "")
     writer = make_run(
         root / name,
         config,
@@ -378,3 +381,23 @@ def test_the_divergence_row_is_recomputed_from_results_csv_alone(tmp_path):
     row = next(c for (name, _), c in claims.items() if name == "C2 stability (divergence)")
     assert row["interval"]["mean"] == pytest.approx(d.mean())
     assert row["p"] == pytest.approx(stats.binomtest(int((d == 1).sum()), int((d != 0).sum())).pvalue)
+
+
+def test_dtype_auto_groups_by_the_precision_the_run_trained_in(tmp_path):
+    """Tied asked for bf16; untied asked for auto on two machines, one with bf16 (trained in bf16) and one without
+    (fp32). The auto runs that trained in bf16 are tied's baseline; the fp32 ones are a group of their own."""
+    root = tmp_path / "runs"
+    for seed in range(3):
+        run_dir(root, "nano", "tied", seed, 3.2 + seed / 100, requested_dtype="bf16", dtype="bf16")
+        run_dir(root, "nano", "untied", seed, 3.0 + seed / 50, requested_dtype="auto", dtype="bf16")
+        run_dir(root, "nano", "untied", seed, 2.0, requested_dtype="auto", dtype="fp32")
+    data, _, _, _ = report(root)
+    rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
+    groups = {r["group"] for r in rows if r["kind"] == "group"}
+    assert groups == {"nano tied dtype=bf16", "nano untied dtype=bf16", "nano untied dtype=fp32"}, groups
+    tied = [r for r in rows if r["kind"] == "run" and r["group"] == "nano tied dtype=bf16"]
+    assert sorted(r["baseline_run"].rsplit("/", 1)[-1] for r in tied) == [
+        f"nano-untied-lr0.003-s{seed}-auto-bf16" for seed in range(3)
+    ]
+    (c6,) = [c for c in data["claims"] if c["claim"] == "C6"]
+    assert c6["interval"]["mean"] == pytest.approx(statistics.mean(0.2 + s / 100 - s / 50 for s in range(3)))

@@ -175,6 +175,9 @@ def load_run(path: Path) -> Run:
         raise Skip(f"losses are NaN or infinite: {bad}")
     try:
         setting = flatten(config)
+        if setting.get("dtype") == "auto" and summary.dtype:
+            # group by the precision the run trained in: `auto` is bf16 on one machine and fp32 on another
+            setting["dtype"] = summary.dtype
         return Run(
             name=path.name,
             path=str(path),
