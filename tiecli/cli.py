@@ -385,6 +385,29 @@ def report(
 
 
 @app.command()
+def figure(
+    results: Annotated[
+        list[str],
+        typer.Argument(
+            help="results.csv files written by `tiecli report`, each PATH or LABEL=PATH", show_default=False
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="The figure: a .png or .svg file")] = Path("findings.png"),
+    title: Annotated[
+        str, typer.Option(help="The figure's title")
+    ] = "Tied vs untied: test perplexity, 95% interval over seeds",
+):
+    """Draw reports' tied-vs-baseline test perplexity, by model size and by training tokens, from results.csv files.
+
+    Example: tiecli figure English=runs/sweeps/ladder/report/results.csv Russian=report_ru/results.csv --out findings.png
+    """
+    with user_errors():
+        from tiecli.report.figure import write_figure
+
+        console.print(f"wrote {write_figure(results, out, title)}")
+
+
+@app.command()
 def runs(
     runs_dir: Annotated[Path, typer.Argument(help="Folder to search for run directories, at any depth")] = Path("runs"),
 ):

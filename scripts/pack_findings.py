@@ -1,0 +1,122 @@
+# python scripts/pack_findings.py pack|rerender|slim docs/findings/STUDY ...   (commit a study's findings, compactly)
+"""Commit a study's findings within the repository's size budget (tests/test_repo_size.py).
+
+A study folder under docs/findings/ holds what a reader and `tiecli report` need: report.md,
+results.csv, results.json and, where its raw runs are kept, runs.tar.xz. The report's figures and its
+self-contained report.html are left out (the report draws them again from the runs), and the runs are
+compacted: no checkpoints; every float in metrics.jsonl and geometry.json written to 7 significant
+digits, what a float32 holds (the models train in fp32 or bf16, so the digits past the 7th are not
+measurement); and the singular values kept at the last geometry snapshot only, the one the report's
+spectra figure reads (every scalar measured from them, effective and stable rank, stays at every step).
+eval.json and summary.json, where the verdicts' losses come from, are kept exactly.
+
+    pack STUDY SWEEP...   compact SWEEP's runs into STUDY/runs.tar.xz, then rerender
+    rerender STUDY        report the committed runs.tar.xz again, with the --select its results.json
+                          records, into report.md, results.csv and results.json; then slim
+    slim STUDY            drop report.html and the PNGs; report.md names each figure instead of showing it
+
+tests/test_findings.py checks that the committed results.csv is what the committed runs give.
+"""
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+SIGNIFICANT = 7
+SKIPPED = ("checkpoints", ".lock")
+FIGURE = re.compile(r"^!\[(?P<title>[^\]]*)\]\((?P<file>[^)\s]+\.png)\)$", re.MULTILINE)
+
+
+def rounded(value, digits: int = SIGNIFICANT):
+    """value with every float at `digits` significant digits; ints, strings and structure unchanged."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    return value
+
+
+def compact_run_files(root: Path) -> None:
+    """Round the floats of every metrics.jsonl and geometry.json under root, in place."""
+    for path in root.rglob("metrics.jsonl"):
+        lines = [json.dumps(rounded(json.loads(line))) for line in path.read_text().splitlines() if line.strip()]
+        path.write_text("\n".join(lines) + "\n")
+    for path in root.rglob("geometry.json"):
+        geometry = rounded(json.loads(path.read_text()))
+        for entry in geometry["entries"][:-1]:
+            for side in ("input", "output"):
+                if isinstance(entry.get(side), dict):
+                    entry[side].pop("singular_values", None)
+        path.write_text(json.dumps(geometry) + "\n")
+
+
+def pack(study: Path, sweeps: list[Path]) -> None:
+    """Copy each sweep (relative to the current folder, e.g. runs/sweeps/NAME) without checkpoints, compact it,
+    and write study/runs.tar.xz atomically."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for sweep in sweeps:
+            shutil.copytree(sweep, Path(tmp) / sweep, ignore=shutil.ignore_patterns(*SKIPPED))
+        compact_run_files(Path(tmp))
+        partial = study / "runs.tar.xz.partial"
+        with tarfile.open(partial, "w:xz", preset=9) as tar:
+            for sweep in sweeps:
+                tar.add(Path(tmp) / sweep, arcname=str(sweep))
+        partial.replace(study / "runs.tar.xz")
+
+
+def rerender(study: Path) -> None:
+    """`tiecli report` on every sweep folder in study/runs.tar.xz, as tests/test_findings.py does."""
+    select = json.loads((study / "results.json").read_text())["select"]
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(study / "runs.tar.xz") as tar:
+            tar.extractall(tmp, filter="data")
+        sweeps = sorted(str(p.parent.relative_to(tmp)) for p in Path(tmp).glob("runs/sweeps/*/sweep.json"))
+        args = [*sweeps, *[a for key in select for a in ("--select", key)], "--out", "again"]
+        subprocess.run(
+            [sys.executable, "-m", "tiecli", "report", *args], cwd=tmp, check=True, stdout=subprocess.DEVNULL
+        )
+        for name in ("report.md", "results.csv", "results.json"):
+            shutil.copyfile(Path(tmp) / "again" / name, study / name)
+    slim(study)
+
+
+def slim(study: Path) -> None:
+    """Leave out what the report draws again: report.html and the PNGs. report.md then names each figure."""
+    for path in [study / "report.html", *study.glob("*.png")]:
+        path.unlink(missing_ok=True)
+    page = study / "report.md"
+    text = FIGURE.sub(
+        r"Figure `\g<file>` (\g<title>): not committed; `tiecli report` draws it from the runs.", page.read_text()
+    )
+    page.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=("pack", "rerender", "slim"))
+    parser.add_argument("study", type=Path, help="docs/findings/STUDY")
+    parser.add_argument("sweeps", nargs="*", type=Path, help="pack: the sweep folders to keep, e.g. runs/sweeps/NAME")
+    args = parser.parse_args()
+    if not args.study.is_dir():
+        parser.error(f"{args.study}: not a folder (a study's folder under docs/findings/)")
+    if args.action == "pack":
+        if not args.sweeps:
+            parser.error("pack needs the sweep folders to keep (e.g. runs/sweeps/NAME)")
+        pack(args.study, args.sweeps)
+        rerender(args.study)
+    elif args.action == "rerender":
+        rerender(args.study)
+    else:
+        slim(args.study)
+
+
+if __name__ == "__main__":
+    main()
