@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 import yaml
-from helpers import TOKENS_PER_STEP, V, holm, interval, make_run, params, results, tiecli, tost
+from helpers import TOKENS_PER_STEP, V, clustered_slope, holm, interval, make_run, params, results, tiecli, tost
 from scipy import stats
 
 from tiecli.run.reader import RunReader
@@ -541,8 +541,16 @@ def test_the_size_claim_needs_the_smallest_size_and_the_trend(tmp_path, nano, mi
     assert smallest["interval"] == claims[("C6", "nano tied")]["interval"] and smallest["interval"][
         "mean"
     ] == pytest.approx(statistics.fmean(nano))
-    fit = stats.linregress([math.log10(40_000)] * 3 + [math.log10(800_000)] * 3, nano + micro)
-    assert trend["interval"]["mean"] == pytest.approx(fit.slope) and trend["p"] == pytest.approx(fit.pvalue)
+    x = [math.log10(40_000)] * 3 + [math.log10(800_000)] * 3
+    fit = stats.linregress(x, nano + micro)
+    slope, low, high, p = clustered_slope([(a, b, seed % 3) for seed, (a, b) in enumerate(zip(x, nano + micro))])
+    assert (trend["interval"]["mean"], trend["interval"]["low"], trend["interval"]["high"]) == pytest.approx(
+        (slope, low, high)
+    )
+    assert trend["p"] == pytest.approx(p) and trend["interval"]["n"] == 3  # judged on the interval clustered by seed
+    ols = trend["readings"]["ols"]
+    assert ols["mean"] == pytest.approx(fit.slope) and trend["readings"]["ols_p"] == pytest.approx(fit.pvalue)
+    assert trend["readings"]["means"] is None and "scale means: needs 3 scales" in trend["measured"]
     assert (smallest["verdict"], trend["verdict"], combined["verdict"]) == verdicts
     assert combined["measured"] == f"smallest size: {verdicts[0]}; trend: {verdicts[1]}"
 

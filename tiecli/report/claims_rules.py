@@ -184,6 +184,8 @@ class Claim:
     note: str = ""
     family: str = ""  # the Holm family of a tested row (judge)
     values: list[float] = dataclasses.field(default_factory=list)  # the per-unit values a t-tested row is judged on
+    # other readings of the same data, shown beside the judged one: a slope's OLS and scale-means fits, R6 per target
+    readings: dict = dataclasses.field(default_factory=dict)
 
 
 def parse_sesoi(items: list[str]) -> dict[str, float]:
