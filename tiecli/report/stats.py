@@ -240,6 +240,23 @@ def loss_spikes(run: Run) -> int | None:
     )
 
 
+def grad_norm_excursions(run: Run) -> int | None:
+    """Logged gradient norms above EXCURSION_FACTOR x the median of the SPIKE_WINDOW before them (at least 3 before),
+    over the whole run; None with fewer than 4 logged norms."""
+    norms = [g for _, g in run.grad_norms]
+    if len(norms) < 4:
+        return None
+    return sum(
+        norms[i] > EXCURSION_FACTOR * statistics.median(norms[max(0, i - SPIKE_WINDOW) : i])
+        for i in range(3, len(norms))
+    )
+
+
+def early_grad_norms(run: Run) -> int:
+    """The logged gradient norms in the first EARLY_FRACTION of the run's steps, which grad_norm_jitter reads."""
+    return sum(step <= EARLY_FRACTION * run.steps and g > 0 for step, g in run.grad_norms)
+
+
 def grad_norm_jitter(run: Run) -> float | None:
     """The sd of the changes in log gradient norm between consecutive logged steps over the first EARLY_FRACTION
     of the run: step-to-step instability, scale-free and blind to the norm's smooth trend. None with under 3 norms."""
@@ -286,6 +303,7 @@ def run_values(run: Run) -> dict[str, float | None]:
         "grad_norm_jitter": grad_norm_jitter(run),
         "diverged": diverged(run),
         "divergence_threshold": divergence_threshold(run),
+        "grad_norm_excursions": grad_norm_excursions(run),  # results.csv: after every earlier column (LATER_COLUMNS)
     }
 
 
