@@ -45,6 +45,7 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
     for c in pairs:
         values = c.delta(gap)
         sources = ", ".join(sorted({r.gap[2] for r in c.group.runs + c.base.runs if r.gap}))
+        sources += fit_text(c, tied, untied)
         if values:
             rows.append(
                 tested(
@@ -76,6 +77,19 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
             "metrics.jsonl train_eval_loss)",
         )
     ]
+
+
+def fit_text(c: Comparison, tied: str, untied: str) -> str:
+    """The raw gap row's reminder that it is not read at equal fit: which mode fitted the training split worse, by how
+    much (Δ train loss, tied - untied, paired by seed), and that a worse fit leaves less to overfit."""
+    fit = mean_ci(c.delta(lambda r: r.gap[1] if r.gap else None))
+    if fit is None or fit.mean == 0:
+        return ""
+    worse = tied if fit.mean > 0 else untied
+    return (
+        f"; not at equal fit: {worse} fitted the training split worse (Δtrain loss {ci_text(fit)}), and a worse fit "
+        "leaves less to overfit, so the raw gap follows it (the equal-fit row reads both at one train loss)"
+    )
 
 
 # --- C2/C7 drift and C2's stability -----------------------------------------------------------------------
