@@ -9,6 +9,7 @@ transformed the same way (so a bound never falls below -100%)."""
 import math
 import statistics
 import warnings
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +104,7 @@ def slope(points: list[tuple[float, float]]) -> tuple[Interval | None, float | N
     return Interval(len(points), fit.slope, None, fit.slope - half, fit.slope + half), float(fit.pvalue)
 
 
-def clustered_slope(points: list[tuple[float, float, object]]) -> tuple[Interval | None, float | None]:
+def clustered_slope(points: Sequence[tuple[float, float, Hashable]]) -> tuple[Interval | None, float | None]:
     """The least-squares slope of y on x over (x, y, cluster) points, its standard error robust to points of one
     cluster (a seed: its held-out text and tokenizer shared across scales) being correlated: the sandwich
     (X'X)^-1 (sum over clusters of X_g' e_g e_g' X_g) (X'X)^-1 with the small-sample factor G/(G-1) (n-1)/(n-2)

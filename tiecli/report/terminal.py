@@ -34,6 +34,7 @@ def _measure(spec: TableSpec, width: int) -> list[tuple[int, int, int]]:
         word = max((len(w) for text in cells for w in text.split()), default=1)
         if i == 0:  # the group, repeated in every table: folded past a quarter of the width
             need = min(natural, max(len(header), width // 4))
+            natural = max(need, word) if spec.text else natural  # folded text: no wider than that (or its longest word)
         elif spec.text:  # folded text
             need = max(len(header), min(word, FOLD_MIN))
         else:  # numbers: never broken inside one
