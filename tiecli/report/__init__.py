@@ -235,8 +235,8 @@ def prepare(groups: list[Group], comparisons: list[compare.Comparison], axis: Ba
 def family_rules(rows: list[claims_rules.Claim], source: str) -> dict[str, str]:
     """Which tested rows form which Holm family, for the Rules section (and results.json's rules)."""
     where = {
-        "default": "default: one family per claim and study (the folder holding the runs: named after the claim when "
-        "the report reads more than one), across the study's sizes, budgets and vocabularies",
+        "default": "default: one family per claim and study (the folder holding the runs; a family's name adds its "
+        "study's when the report reads more than one), across the study's sizes, budgets and vocabularies",
         "--family": "chosen with --family; claims it does not name form one family each",
     }.get(source, f"{source}; claims it does not name form one family each")
     listed = "; ".join(f"{name} ({len(tests)}): {', '.join(tests)}" for name, tests in claims.family_rows(rows).items())
