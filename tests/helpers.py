@@ -305,3 +305,20 @@ def expected_verdict(row):
 def results(out):
     data = json.loads((out / "results.json").read_text())
     return data, {g["group"]: g for g in data["groups"]}, {(c["claim"], c["comparison"]): c for c in data["claims"]}
+
+
+def clustered_slope(points):
+    """(slope, low, high, p) of y on x over (x, y, cluster) points with the cluster-robust (CR1) standard error,
+    written out here for a simple regression: Var(b) = G/(G-1) (n-1)/(n-2) sum_g (sum_{i in g} (x_i - x_mean) e_i)^2
+    / (sum_i (x_i - x_mean)^2)^2, with t(G - 1)."""
+    x = [p[0] for p in points]
+    y = [p[1] for p in points]
+    fit = stats.linregress(x, y)
+    x_mean = statistics.fmean(x)
+    residual = [b - fit.intercept - fit.slope * a for a, b in zip(x, y)]
+    clusters = sorted({p[2] for p in points})
+    scores = [sum((x[i] - x_mean) * residual[i] for i in range(len(x)) if points[i][2] == c) for c in clusters]
+    n, g = len(x), len(clusters)
+    var = g / (g - 1) * (n - 1) / (n - 2) * sum(s * s for s in scores) / sum((a - x_mean) ** 2 for a in x) ** 2
+    half = stats.t.ppf(0.975, g - 1) * math.sqrt(var)
+    return fit.slope, fit.slope - half, fit.slope + half, 2 * stats.t.sf(abs(fit.slope) / math.sqrt(var), g - 1)

@@ -112,7 +112,9 @@ def test_the_terminal_claims_table_keeps_long_cells_readable_at_80_columns():
     text = printed([table])
     assert max(map(len, text.splitlines())) <= 80
     assert [lines for lines in table_cells(text) if crowded(lines)] == []
-    assert "withheld:" in text and "(metrics.jsonl)" in text
+    assert spec.rows[0][2] == "withheld, no verdict (rule alone: inconclusive)"  # not "withheld: inconclusive"
+    assert "withheld, no" in text and "(metrics.jsonl)" in text
+    assert spec.rows[0][0] == "R5/C2 gap (equal fit): tying regularises: gap at equal fit"
 
 
 def wide_spec(n_columns: int = 10) -> TableSpec:

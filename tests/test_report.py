@@ -16,6 +16,7 @@ from helpers import (
     TOKENS_PER_STEP,
     V,
     cka_end,
+    clustered_slope,
     drifts,
     expected_verdict,
     forms_contrast,
@@ -198,10 +199,16 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
     se = math.sqrt(sum((y - my - slope * (x - mx)) ** 2 for x, y in points) / (len(points) - 2) / sxx)
     half = stats.t.ppf(0.975, len(points) - 2) * se
     trend = claims[("R5/C6 (trend)", "nano tied -> micro tied")]
+    ols = trend["readings"]["ols"]  # shown beside the judged interval
+    assert (ols["mean"], ols["low"], ols["high"]) == pytest.approx((slope, slope - half, slope + half))
+    assert trend["readings"]["ols_p"] == pytest.approx(2 * stats.t.sf(abs(slope / se), len(points) - 2))
+    # judged: the same slope, its interval clustered by seed (a seed's held-out text is shared across the sizes)
+    seeds = [(math.log10(SIZES[size]["non_embedding"]), d, s) for size in SIZES for s, d in enumerate(delta_loss(size))]
+    clustered = clustered_slope(seeds)
     assert (trend["interval"]["mean"], trend["interval"]["low"], trend["interval"]["high"]) == pytest.approx(
-        (slope, slope - half, slope + half)
+        clustered[:3]
     )
-    assert trend["p"] == pytest.approx(2 * stats.t.sf(abs(slope / se), len(points) - 2)) and trend["p_equiv"] is None
+    assert trend["p"] == pytest.approx(clustered[3]) and trend["p_equiv"] is None
 
     # Holm-Bonferroni within each family (by default one per claim), once for the tests against 0 and once for the
     # equivalence tests; C3 and the smallest-size part of R5/C6 re-read a test already counted (R6's, C6's at nano)
@@ -235,6 +242,7 @@ def test_claim_verdicts_follow_the_stated_rules(sweep):
         assert claims[("R2", f"{size} tied")]["verdict"] == (
             "supported" if saved > 4 * n_embd * n_embd else "contradicted"
         )
+    assert claims[("C1", "micro tied")]["measured"].endswith(": tying saves less than the claimed 15%-30%")
     for claim in ("R5", "R5/C2 gap"):
         (row,) = [c for (name, _), c in claims.items() if name == claim]
         assert row["verdict"].startswith("no data: needs ") and row["p"] is None
@@ -538,3 +546,13 @@ def test_t_tests_did_not_move_when_scipy_took_over():
     assert t_tests([0.01, 0.01, 0.01], 0.02) == (0.0, 0.0)  # inside +-sesoi with no spread: equivalent
     assert t_tests([0.0, 0.0], 0.02) == (1.0, 0.0)
     assert t_tests([0.05, 0.05], 0.02) == (0.0, 1.0) and t_tests([0.02, 0.02], 0.02) == (0.0, 1.0)
+
+
+def test_c1_says_which_way_a_share_misses_the_claimed_range():
+    """Saving more than C1's 15-30% contradicts the claim's number, which is no mark against tying: the row says so."""
+    from tiecli.report.claims_embedding import c1_side
+
+    assert (
+        c1_side(0.4) == ": tying saves more than the claimed 15%-30% (the claim's number, not tying, is contradicted)"
+    )
+    assert c1_side(0.05) == ": tying saves less than the claimed 15%-30%" and c1_side(0.2) == ""

@@ -134,7 +134,7 @@ def test_three_seeds_off_the_plateau_with_each_lr_selected_give_plain_verdicts(t
     assert "pilot:" not in output and "withheld:" not in output
     assert "Verdicts: every group off the unigram plateau (at most 0.5x), 3+ seeds, each learning rate selected" in md
     assert "; train.lr chosen by --select: 0.003 (nano tied), 0.003 (nano untied); 2 groups." in md
-    assert "18 runs in 2 groups (4 more not selected), 0 skipped" in " ".join(output.split())
+    assert "6 runs in 2 groups (12 more runs in 4 groups not selected), 0 skipped" in " ".join(output.split())
     # without --select the same runs compare each mode at each lr, none chosen: pilot, naming both rates
     _, _, data, _ = report(tmp_path / "runs")
     assert data["labels"]["label"] == "pilot"
@@ -223,3 +223,34 @@ def test_a_select_over_one_learning_rate_is_no_tuning_and_old_runs_cannot_tell_t
     assert data["labels"]["conditions"][0]["found"] == (
         "no unigram baseline in summary.json (nano tied, nano untied: made before tiecli 0.1), so the plateau cannot be told"
     )
+
+
+@pytest.mark.slow
+def test_a_rate_picked_on_fewer_than_three_seeds_is_a_pilot_and_the_headline_says_so(tmp_path):
+    """The docs_* studies' design: each rate of the grid on seed 0, then the pick on seeds 1 and 2 as well. The pick
+    rests on one seed (the only one every rate has), so its verdicts are pilot, though each group now has three seeds;
+    running the other rates on seeds 1 and 2 too makes the pick one of three seeds, and the verdicts plain."""
+    offsets = {0.001: 0.2, 0.003: 0.0, 0.006: 0.1}  # the best rate inside the grid
+    for lr, offset in offsets.items():
+        for seed in range(3) if lr == 0.003 else (0,):
+            for mode, ppl in (("tied", 0.2), ("untied", 0.25)):
+                gate_run(tmp_path / "runs", mode, seed, math.log(ppl * UNIGRAM) + offset + 0.01 * seed, lr=lr)
+    output, md, data, claims = report(tmp_path / "runs", "--select", "train.lr")
+    assert data["labels"]["label"] == "pilot"
+    found = (
+        "learning rates picked on fewer than 3 seeds: nano tied on 1 seed (0), nano untied on 1 seed (0); one seed's "
+        "noise can decide a pick"
+    )
+    assert [c["found"] for c in data["labels"]["conditions"]] == [found]
+    shown = {(c["claim"], c["comparison"]): c["verdict"] for c in data["labels"]["shown"]}
+    assert claims[("R4", "nano tied")]["verdict"] == "supported" and shown[("R4", "nano tied")] == "pilot: supported"
+    first = md.split("## ")[0]
+    assert "Verdicts pilot only" in first and found in first and found in " ".join(output.split())
+    md_r4 = next(line for line in md.splitlines() if line.startswith("| R4 | nano tied |"))
+    assert "| pilot: learning rate picked on 1 seed (< 3). Rule:" in md_r4
+    for lr in (0.001, 0.006):  # the other rates on seeds 1 and 2: the pick is made on three seeds
+        for seed in (1, 2):
+            for mode, ppl in (("tied", 0.2), ("untied", 0.25)):
+                gate_run(tmp_path / "runs", mode, seed, math.log(ppl * UNIGRAM) + offsets[lr] + 0.01 * seed, lr=lr)
+    _, _, data, _ = report(tmp_path / "runs", "--select", "train.lr")
+    assert data["labels"]["label"] is None and data["labels"]["conditions"] == []

@@ -52,15 +52,17 @@ def run_dir(
     dtype="fp32",
     threads=None,
     requested_dtype=None,
+    log_every=LOG_EVERY,
 ):
     """A run as `tiecli train` writes one: logged train losses and grad norms every LOG_EVERY steps, evaluations at
     0, 50 and 100 (val curve 5.0, loss + 1, loss; train_eval_loss from fit = (at 50, at 100)), geometry at 0 and
     STEPS with drift = (input, output), summary.json with dtype, threads and the unigram perplexity of its corpus;
-    requested_dtype is config.yaml's dtype (absent without it, as in a tiecli older than the key)."""
+    requested_dtype is config.yaml's dtype (absent without it, as in a tiecli older than the key); log_every: the
+    steps between logged rows."""
     losses, norms = losses or smooth_losses(), norms or [1.0] * (STEPS // LOG_EVERY)
     val = {0: 5.0, 50: loss + 1, STEPS: loss}
     rows = [MetricsRow(step=0, tokens=0, lr=0.0, val_loss=5.0)]
-    for i, step in enumerate(range(LOG_EVERY, STEPS + 1, LOG_EVERY)):
+    for i, step in enumerate(range(log_every, STEPS + 1, log_every)):
         row = MetricsRow(step, step * 1000, lr, loss=losses[i], grad_norm=norms[i], val_loss=val.get(step))
         row.train_eval_loss = dict(zip((50, STEPS), fit or (None, None))).get(step)
         rows.append(row)
@@ -203,10 +205,58 @@ def test_stability_rows_count_spikes_and_read_early_grad_norm_jitter(pairs):
     assert groups["nano tied"]["grad_norm_jitter_mean"] == pytest.approx(
         statistics.fmean(jitter(NORMS["tied"](s)) for s in range(3))
     )
+    for size in ("nano", "micro"):  # gradient-norm excursions counted beside the spikes, per run
+        counts = {mode: [excursions(NORMS[mode](s)) for s in range(3)] for mode in ("tied", "untied")}
+        assert counts["tied"][0] > 0 == counts["untied"][0]  # tied's late swings: excursions, though no loss spike
+        assert groups[f"{size} tied"]["grad_norm_excursions_mean"] == pytest.approx(statistics.fmean(counts["tied"]))
+        assert (
+            f"grad-norm excursions (> 5x the running median) per run: tied {statistics.fmean(counts['tied']):.3g}, "
+            "untied 0" in claims[("C2 stability (spikes)", f"{size} tied")]["measured"]
+        )
+    runs, _ = csv_rows(pairs.parent / "out")
+    header = next(csv.reader((pairs.parent / "out" / "results.csv").open()))
+    assert [number(runs[("nano tied", s)]["grad_norm_excursions"]) for s in range(3)] == [
+        excursions(NORMS["tied"](s)) for s in range(3)
+    ]
+    assert header[-5:] == [
+        "grad_norm_excursions",
+        *(f"grad_norm_excursions_{k}" for k in ("mean", "sd", "low", "high")),
+    ]
     assert "1.1 x the median" in data["rules"]["claim C2 stability (spikes)"]
     assert "first 20%" in data["rules"]["claim C2 stability (grad norm)"]
     page = (pairs.parent / "out" / "report.md").read_text()  # the terminal shows the short claims table only
     assert "C2 stability (spikes)" in page and "loss spikes" in page and "grad-norm jitter" in page
+
+
+def excursions(norms):
+    """Logged grad norms above 5 x the median of the up to 10 before them, from the fourth on, written out here."""
+    return sum(norms[i] > 5 * statistics.median(norms[max(0, i - 10) : i]) for i in range(3, len(norms)))
+
+
+def test_a_grad_norm_excursion_is_above_5_times_the_running_median(tmp_path):
+    """5.5 x the median of the norms before counts, 4.5 x does not, nor a jump whose window is under 3 norms."""
+    from tiecli.report import load
+    from tiecli.report.stats import grad_norm_excursions
+
+    norms = [1.0, 9.0, *[1.0] * 6, 5.5, *[1.0] * 4, 4.5, *[1.0] * 6]
+    run_dir(tmp_path, "nano", "tied", 0, 3.0, norms=norms)
+    assert grad_norm_excursions(load.load_run(tmp_path / "nano-tied-lr0.003-s0")) == 1 == excursions(norms)
+
+
+@pytest.mark.slow
+def test_a_grad_norm_row_without_enough_early_points_says_so(tmp_path):
+    """Runs that log grad_norm every 10 of 100 steps have 2 points in the first 20%, too few for a jitter: the row
+    says so instead of asking for grad_norm the runs have."""
+    for mode in ("tied", "untied"):
+        for seed in range(3):
+            run_dir(tmp_path / "runs", "nano", mode, seed, 3.0 + 0.01 * seed, log_every=10)
+    _, _, claims, _ = report(tmp_path / "runs")
+    why = (
+        "no data: the runs log grad_norm, but 2 points in the first 20% of steps (the jitter needs 3; log more "
+        "often: train.log_interval)"
+    )
+    assert claims[("C2 stability (grad norm)", "-")]["verdict"] == why
+    assert why in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_a_spike_is_above_1_1_times_the_running_median(tmp_path):

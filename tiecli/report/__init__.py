@@ -146,7 +146,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     specs = tables.build_tables(groups, comparisons, equal, shown, skipped, baseline, added, references)
     rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, family_source) | {"units": units(groups)}
     header = (
-        f"{len(runs) - len(twins)} runs in {len(groups)} groups ({len(dropped)} more not selected), {len(skipped)} skipped; "
+        f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} groups{not_selected(dropped)}, {len(skipped)} skipped; "
         f"baseline {baseline}; sources: {', '.join(map(str, paths))}; {results.scope_text(scope)}"
     )
     for renderable in terminal.terminal(top, shown, specs, skipped, header, str(out / "report.md")):
@@ -174,6 +174,14 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     )
     console.print(f"report written to {out}")
     return out
+
+
+def not_selected(dropped) -> str:
+    """The header's count of what --select left out, in runs and in groups."""
+    if not dropped:
+        return ""
+    runs = sum(d.runs for d in dropped)
+    return f" ({runs} more run{'s' if runs != 1 else ''} in {len(dropped)} group{'s' if len(dropped) != 1 else ''} not selected)"
 
 
 def settings(sesoi: dict, options: Options, scope: dict, claim_rows, family_source: str, dropped) -> dict:
@@ -227,7 +235,8 @@ def prepare(groups: list[Group], comparisons: list[compare.Comparison], axis: Ba
 def family_rules(rows: list[claims_rules.Claim], source: str) -> dict[str, str]:
     """Which tested rows form which Holm family, for the Rules section (and results.json's rules)."""
     where = {
-        "default": "default: one family per claim, across the report's sizes, budgets and vocabularies",
+        "default": "default: one family per claim and study (the folder holding the runs; a family's name adds its "
+        "study's when the report reads more than one), across the study's sizes, budgets and vocabularies",
         "--family": "chosen with --family; claims it does not name form one family each",
     }.get(source, f"{source}; claims it does not name form one family each")
     listed = "; ".join(f"{name} ({len(tests)}): {', '.join(tests)}" for name, tests in claims.family_rows(rows).items())

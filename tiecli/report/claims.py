@@ -34,6 +34,7 @@ from tiecli.report.claims_rules import (
 from tiecli.report.claims_scaling import convergence_claims, data_claims, size_claims
 from tiecli.report.claims_stability import Outcome, divergence_claims, drift_claims, gap_claims, stability_claims
 from tiecli.report.compare import compare
+from tiecli.report.gate import involved
 from tiecli.report.groups import Baseline, Group
 from tiecli.report.stats import ALPHA, holm
 from tiecli.run.files import read_json
@@ -80,7 +81,7 @@ def claims(
     rows += drift_claims(pairs, margin["drift"], tied, untied)
     rows += stability_claims(pairs, margin, tied, untied)
     rows += divergence_claims(grid, tied, untied)
-    return derive(judge(rows, families))
+    return derive(judge(rows, families, row_studies(rows, groups, axis)))
 
 
 def parse_families(spec, where: str) -> dict[str, tuple[str, ...]]:
@@ -145,12 +146,33 @@ def family_of(claim: str, families: dict[str, tuple[str, ...]]) -> str:
     return next((name for name, members in families.items() if claim in members), claim)
 
 
-def judge(rows: list[Claim], families: dict[str, tuple[str, ...]] | None = None) -> list[Claim]:
+def row_studies(rows: list[Claim], groups: list[Group], axis: Baseline) -> dict[int, str]:
+    """{id(row): the study of the runs it reads}: a study is the folder holding a run directory (a sweep's folder,
+    or the folder of loose runs), named by its last part (its whole path where two share a name); a row reading
+    runs of several studies (a ladder across two sweeps) has them joined by "+". Empty when the report reads one
+    study: the family names then carry none."""
+    folders = {id(r): str(Path(r.path).parent) for g in groups for r in g.runs}
+    if len(set(folders.values())) < 2:
+        return {}
+    names = {f: Path(f).name for f in folders.values()}
+    if len(set(names.values())) < len(names):
+        names = {f: f for f in names}
+    return {
+        id(row): "+".join(sorted({names[folders[id(r)]] for g in involved(row, groups, axis) for r in g.runs}))
+        for row in rows
+    }
+
+
+def judge(
+    rows: list[Claim], families: dict[str, tuple[str, ...]] | None = None, studies: dict[int, str] | None = None
+) -> list[Claim]:
     """Holm-adjust the tests against 0 within each family, then the equivalence tests; then each row's verdict.
-    A row's family: the declared one holding its claim, else its claim's own."""
+    A row's family: the declared one holding its claim, else its claim's own, within the row's study (studies:
+    row_studies), so that runs of another study in the report never change a verdict."""
     for row in rows:
         if row.p is not None or row.p_equiv is not None:
-            row.family = family_of(row.claim, families or {})
+            study = (studies or {}).get(id(row))
+            row.family = family_of(row.claim, families or {}) + (f" in {study}" if study else "")
     for family in dict.fromkeys(r.family for r in rows if r.family):
         members = [r for r in rows if r.family == family]
         for name in ("p", "p_equiv"):
@@ -184,6 +206,11 @@ def verdict(row: Claim) -> tuple[str, str]:
         return "inconclusive", "one seed: no spread, so no interval and no test"
     assert row.p_holm is not None  # judge() Holm-adjusts every row that has a p
     tested_p = f"Holm p {row.p_holm:.2g} (raw {row.p:.2g})"
+    if differs := row.readings.get("range_disagrees"):
+        return "inconclusive", (
+            f"{tested_p} at the middle target, but the readings across the range of common targets disagree in "
+            f"{differs}: no verdict"
+        )
     if row.p_holm < ALPHA:
         side = "above" if ci.mean > 0 else "below"
         if row.sesoi and abs(ci.mean) < row.sesoi:

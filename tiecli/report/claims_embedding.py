@@ -47,12 +47,22 @@ def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
                 TEXTS["C1"],
                 c.group.label,
                 "parameters table",
-                f"{c.saved_params:,} saved = {share:.1%} of {total:,}",
+                f"{c.saved_params:,} saved = {share:.1%} of {total:,}" + c1_side(share),
                 "supported" if inside else "contradicted",
                 f"{'inside' if inside else 'outside'} the claimed range (exact counts: no test)",
             )
         )
     return rows
+
+
+def c1_side(share: float) -> str:
+    """Which way a share outside C1's range misses it: saving more than claimed is no mark against tying."""
+    low, high = C1_CLAIMED_SHARE
+    if share > high:
+        return (
+            f": tying saves more than the claimed {low:.0%}-{high:.0%} (the claim's number, not tying, is contradicted)"
+        )
+    return f": tying saves less than the claimed {low:.0%}-{high:.0%}" if share < low else ""
 
 
 def gradient_claims(pairs: list[Comparison], tied_groups: list[Group], tied: str, untied: str, margin) -> list[Claim]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from tiecli.errors import TiecliError
 from tiecli.report.stats import (
     EARLY_FRACTION,
+    EXCURSION_FACTOR,
     SPIKE_FACTOR,
     SPIKE_WINDOW,
     Interval,
@@ -36,14 +37,16 @@ EPOCH_TOLERANCE = 0.01  # one epoch, up to the last batch's rounding (steps = ce
 LADDER = " -> "  # joins the labels of a ladder of scales, smallest first  # untied, W_out starting as a copy of W_in: its in/out distance is 0 at step 0
 
 VERDICT_RULE = (
-    "each tested row gets a two-sided t-test of its mean over seeds against 0 (slopes: the regression's t-test) and, where a "
+    "each tested row gets a two-sided t-test of its mean over seeds against 0 (slopes: the t-test on the slope's "
+    "seed-clustered standard error) and, where a "
     "SESOI applies, an equivalence test against +-SESOI (two one-sided t-tests, p = 2 max(p_low, p_high): below 0.05 exactly when "
     "the 95% interval lies inside +-SESOI); Holm-Bonferroni correction is on, within each family of rows (see families: by "
-    "default one family per claim, across the report's sizes, budgets and vocabularies; a study may declare others), once "
+    "default one family per claim and study, across the study's sizes, budgets and vocabularies; a study may declare "
+    "others), once "
     "over the tests against 0 and once over the equivalence tests, so a row's verdict never depends on rows of other "
-    "families. supported / contradicted: Holm p < 0.05, the mean on the claimed / the "
+    "families or of another study. supported / contradicted: Holm p < 0.05, the mean on the claimed / the "
     "other side of 0 and |mean| >= SESOI; negligible: Holm p < 0.05 but |mean| < SESOI; equivalent: equivalence Holm p < 0.05; "
-    "inconclusive: neither, or one seed (no test); no data: the runs lack what the row measures, named; not tested: the "
+    "inconclusive: neither, or one seed (no test), or R6's readings across its range disagree; no data: the runs lack what the row measures, named; not tested: the "
     "design cannot answer the claim (named: e.g. one budget, repeated data), numbers shown descriptively; descriptive: "
     "a reading shown for reference, never judged and in no family"
 )
@@ -86,7 +89,10 @@ CLAIM_RULES = {
     "tokens 100 (exp(x) - 1). Target: the loss midway through the range both modes' seed-mean budget curves span (from "
     "the higher of their losses at the largest budget to the lower at the smallest), so both reach it inside their "
     "budgets by interpolation and neither at an end, the same loss for every unit (--target-loss fixes it instead); a "
-    "unit whose curve does not reach it is left out, noted. No SESOI. R6 claims above 0 (untied faster), C3 below 0 "
+    "unit whose curve does not reach it is left out, noted. Also read at 5 losses evenly inside that range (the middle "
+    "one the target; raw t-tests): no verdict (inconclusive) where those readings disagree in sign or in significance "
+    "(raw p < 0.05 at some, not at others). Not independent of C6: at a common loss the log token ratio restates the "
+    "end-of-schedule loss gap divided by the untied curve's slope in log tokens. No SESOI. R6 claims above 0 (untied faster), C3 below 0 "
     "(tied faster): one test, counted once, read both ways. A pair at one budget is not tested. Shown per pair, not "
     "judged and in no family: R6 (schedule-dependent), steps to the pair's in-training target (the higher of the two "
     "groups' best validation losses) on one decaying schedule, in % of the untied steps, where the slower mode can "
@@ -95,9 +101,12 @@ CLAIM_RULES = {
     "else val), t-interval; shown as % perplexity 100 (exp(Δloss) - 1) with the bounds transformed alike; claimed below 0, SESOI ppl.",
     "R5/C6": "two parts, both shown and tested: (smallest size) the C6 row of the ladder's smallest size (the same test, counted "
     "once), claimed below 0 (tying helps the small model), SESOI ppl; (trend) least-squares slope of the per-seed Δloss against log10 non-embedding "
-    "parameters, 95% interval from t(n-2), claimed above 0 (the help shrinks as models grow). The claim is supported "
+    "parameters, judged on its seed-clustered 95% interval (CR1 sandwich over units, t(G-1) with G units: a seed shares "
+    "its held-out text and tokenizer across sizes), the plain t(n-2) interval and the fit through the sizes' means shown "
+    "beside it, claimed above 0 (the help shrinks as models grow). The claim is supported "
     "when both parts are; contradicted when either is; else negligible or equivalent when a part is; else inconclusive.",
-    "R5": "the slope of the per-seed Δloss against log10 tokens seen, across token budgets; claimed above 0 (with more data "
+    "R5": "the slope of the per-seed Δloss against log10 tokens seen, across token budgets, judged as R5/C6 (trend): on its "
+    "seed-clustered interval; claimed above 0 (with more data "
     f"untying gains). Judged only across the budgets that see each token at most once: epochs = tokens trained on / the "
     f"corpus's training-split tokens (summary.json) <= 1 (+{EPOCH_TOLERANCE:.0%} for the last batch's rounding; batches "
     "are random windows, so 1 epoch means each token once on average). Repeating a corpus adds overfitting, where "
@@ -119,7 +128,9 @@ CLAIM_RULES = {
     "C2 stability (spikes)": f"per seed, tied - untied number of loss spikes over the run; a spike: a logged train loss "
     f"(metrics.jsonl, the mean since the previous log line) above {SPIKE_FACTOR:g} x the median of the up to "
     f"{SPIKE_WINDOW} logged losses before it, from the fourth logged loss on. Article C says tying stabilises training: "
-    "claimed below 0, SESOI spikes (1 per run by default: a smaller mean difference is less than one rare event a run).",
+    "claimed below 0, SESOI spikes (1 per run by default: a smaller mean difference is less than one rare event a run). "
+    f"Shown beside it, not judged: each mode's gradient-norm excursions per run, logged grad_norm above "
+    f"{EXCURSION_FACTOR:g} x the median of the up to {SPIKE_WINDOW} logged before it, from the fourth on.",
     "C2 stability (grad norm)": "per seed, log(tied / untied gradient-norm jitter); jitter = the sd of the changes in log "
     "grad_norm (metrics.jsonl: the global norm before clipping, at each logged step) between consecutive logged steps over "
     f"the first {EARLY_FRACTION:.0%} of the run's steps, where article C places the instability. Scale-free and blind to "
@@ -184,6 +195,8 @@ class Claim:
     note: str = ""
     family: str = ""  # the Holm family of a tested row (judge)
     values: list[float] = dataclasses.field(default_factory=list)  # the per-unit values a t-tested row is judged on
+    # other readings of the same data, shown beside the judged one: a slope's OLS and scale-means fits, R6 per target
+    readings: dict = dataclasses.field(default_factory=dict)
 
 
 def parse_sesoi(items: list[str]) -> dict[str, float]:

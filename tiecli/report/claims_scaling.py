@@ -13,9 +13,19 @@ from tiecli.report.claims_rules import (
     missing,
     tested,
 )
-from tiecli.report.compare import Comparison, budget_target, budget_tokens
+from tiecli.report.compare import Comparison, budget_range, budget_target, budget_tokens
 from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, Group
-from tiecli.report.stats import ci_text, mean_ci, ppl_change, slope
+from tiecli.report.stats import (
+    ALPHA,
+    ci_text,
+    clustered_slope,
+    final_loss,
+    mean_ci,
+    means_slope,
+    ppl_change,
+    slope,
+    t_tests,
+)
 
 
 def convergence_claims(pairs: list[Comparison], axis: Baseline, same_size: str, target: float | None) -> list[Claim]:
@@ -62,8 +72,54 @@ def budget(group: Group) -> int:
     return group.tokens
 
 
+RANGE_POINTS = 5  # R6 is read at this many losses evenly inside the common range, the middle one judged
+
+
+def log_ratios(ladder: list[Comparison], target: float, split: str) -> tuple[list[float], int]:
+    """Per unit log(tokens tied / tokens untied) to reach target across the ladder's budgets, and the units in all."""
+    tokens = budget_tokens(ladder, target, split)
+    values = [
+        math.log(t / u)
+        for unit, t in tokens["group"].items()
+        if t is not None and (u := tokens["base"].get(unit)) is not None
+    ]
+    return values, len(set(tokens["group"]) | set(tokens["base"]))
+
+
+def range_readings(ladder: list[Comparison], split: str) -> list[dict]:
+    """R6 at RANGE_POINTS losses evenly inside the range both modes' seed-mean curves span (the ends left out: a
+    unit's own curve may stop short of them): per target, the interval of the log ratios and the t-test's p."""
+    span = budget_range(ladder, split)
+    if span is None:
+        return []
+    out = []
+    for k in range(1, RANGE_POINTS + 1):
+        target = span[0] + (span[1] - span[0]) * k / (RANGE_POINTS + 1)
+        values, _ = log_ratios(ladder, target, split)
+        out.append({"target": target, "interval": mean_ci(values), "p": t_tests(values, None)[0]})
+    return out
+
+
+def agreement(readings: list[dict]) -> str:
+    """What the readings that have a test differ in: "sign", "significance" (raw p < ALPHA), both, or "" when
+    they agree."""
+    tested = [r for r in readings if r["p"] is not None]
+    differs = [
+        what
+        for what, key in (("sign", lambda r: r["interval"].mean > 0), ("significance", lambda r: r["p"] < ALPHA))
+        if len({key(r) for r in tested}) > 1
+    ]
+    return " and ".join(differs)
+
+
+def range_text(readings: list[dict]) -> str:
+    return "; ".join(f"at {r['target']:.4g}: {ci_text(ppl_change(r['interval']), 3, ' %')}" for r in readings)
+
+
 def convergence_row(ladder: list[Comparison], fixed: float | None) -> Claim:
-    """R6 on one ladder of budgets: log(tokens_tied / tokens_untied) to the target loss, per unit."""
+    """R6 on one ladder of budgets: log(tokens_tied / tokens_untied) to the target loss, per unit; without a fixed
+    target, judged at the middle of the common range and read across it, with no verdict where the readings
+    disagree (claims.verdict)."""
     split = "test" if all(c.split == "test" for c in ladder) else "val"
     comparison = LADDER.join(c.group.label for c in ladder)
     target = fixed if fixed is not None else budget_target(ladder, split)
@@ -71,17 +127,13 @@ def convergence_row(ladder: list[Comparison], fixed: float | None) -> Claim:
     if target is None:
         why = "the two modes' seed-mean budget curves span no common loss"
         return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", why, direction=+1)
-    tokens = budget_tokens(ladder, target, split)
-    values = [
-        math.log(t / u)
-        for unit, t in tokens["group"].items()
-        if t is not None and (u := tokens["base"].get(unit)) is not None
-    ]
-    units = len(set(tokens["group"]) | set(tokens["base"]))
+    values, units = log_ratios(ladder, target, split)
     note = f"{units - len(values)} of {units} units' curves do not reach loss {target:.4g} inside their budgets"
     if not values:
         return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", note, direction=+1)
-    return tested(
+    readings = range_readings(ladder, split) if fixed is None else []
+    across = f"; across the common range {range_text(readings)}" if readings else ""
+    row = tested(
         "R6",
         comparison,
         figure,
@@ -89,10 +141,19 @@ def convergence_row(ladder: list[Comparison], fixed: float | None) -> Claim:
         +1,
         show=lambda ci: (
             f"tokens to loss {target:.4g}: tied {ci_text(ppl_change(ci), 3, ' %')} more than untied "
-            f"(log ratio {ci_text(ci)})"
+            f"(log ratio {ci_text(ci)}){across}"
         ),
-        note=note if len(values) < units else "",
+        note="; ".join(part for part in (note if len(values) < units else "", NOT_INDEPENDENT) if part),
     )
+    if readings:
+        row.readings = {"range": readings, "range_disagrees": agreement(readings)}
+    return row
+
+
+NOT_INDEPENDENT = (
+    "not independent of C6: at a common loss it restates the end-of-schedule loss gap divided by the untied curve's "
+    "slope in log tokens"
+)
 
 
 def ladders(pairs: list[Comparison], axis: Baseline, free: tuple, x_of) -> list[list[Comparison]]:
@@ -115,19 +176,39 @@ def trend_claims(
     return rows or [missing(claim_id, needs)]
 
 
+def unit_deltas(c: Comparison, split: str) -> list[tuple[tuple, float]]:
+    """(unit, Δloss) per unit both groups of the pair have, on the split."""
+    base = {r.unit: final_loss(r, split) for r in c.base.runs}
+    return [
+        (r.unit, loss - other)
+        for r in c.group.runs
+        if (loss := final_loss(r, split)) is not None and (other := base.get(r.unit)) is not None
+    ]
+
+
 def trend_row(ladder: list[Comparison], x_of, claim_id: str, figure: str) -> Claim:
+    """The slope of the per-unit Δloss against log10 of the scale, judged on its seed-clustered interval (a unit's
+    held-out text and tokenizer are shared across the scales); the plain OLS fit and the fit through the scales'
+    means are shown beside it."""
     split = "test" if all(c.split == "test" for c in ladder) else "val"
-    by_pair = [(math.log10(x_of(c.group)), c.delta_loss(split)) for c in ladder]
-    fit, p = slope([(x, d) for x, values in by_pair for d in values])
+    by_pair = [(math.log10(x_of(c.group)), unit_deltas(c, split)) for c in ladder]
+    points = [(x, d, unit) for x, values in by_pair for unit, d in values]
+    fit, p = clustered_slope(points)
+    ols, ols_p = slope([(x, d) for x, d, _ in points])
+    means = means_slope([(x, d) for x, d, _ in points])
+    shown = f"Δloss {ci_text(fit)} per decade, clustered by seed; OLS over every point {ci_text(ols)}; " + (
+        f"over the {len(by_pair)} scale means {ci_text(means)}" if means else "scale means: needs 3 scales"
+    )
     row = Claim(
         claim_id,
         TEXTS[claim_id],
         LADDER.join(c.group.label for c in ladder),
         f"{figure} ({split} split)",
-        f"Δloss {ci_text(fit)} per decade",
+        shown,
         interval=fit,
         direction=+1,
         p=p,
+        readings={"ols": ols, "ols_p": ols_p, "means": means},
     )
     if min(len(values) for _, values in by_pair) < 2:
         row.p, row.verdict, row.why = None, "inconclusive", "one seed at some scale: no spread at that scale"

@@ -23,11 +23,14 @@ from tiecli.report.groups import Baseline, Group, ignored
 from tiecli.report.load import DivergedRun
 from tiecli.report.stats import (
     EARLY_FRACTION,
+    EXCURSION_FACTOR,
     Interval,
     ci_text,
     diverged,
     divergence_threshold,
+    early_grad_norms,
     gap,
+    grad_norm_excursions,
     grad_norm_jitter,
     loss_spikes,
     mean_ci,
@@ -42,6 +45,7 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
     for c in pairs:
         values = c.delta(gap)
         sources = ", ".join(sorted({r.gap[2] for r in c.group.runs + c.base.runs if r.gap}))
+        sources += fit_text(c, tied, untied)
         if values:
             rows.append(
                 tested(
@@ -73,6 +77,19 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
             "metrics.jsonl train_eval_loss)",
         )
     ]
+
+
+def fit_text(c: Comparison, tied: str, untied: str) -> str:
+    """The raw gap row's reminder that it is not read at equal fit: which mode fitted the training split worse, by how
+    much (Δ train loss, tied - untied, paired by seed), and that a worse fit leaves less to overfit."""
+    fit = mean_ci(c.delta(lambda r: r.gap[1] if r.gap else None))
+    if fit is None or fit.mean == 0:
+        return ""
+    worse = tied if fit.mean > 0 else untied
+    return (
+        f"; not at equal fit: {worse} fitted the training split worse (Δtrain loss {ci_text(fit)}), and a worse fit "
+        "leaves less to overfit, so the raw gap follows it (the equal-fit row reads both at one train loss)"
+    )
 
 
 # --- C2/C7 drift and C2's stability -----------------------------------------------------------------------
@@ -123,12 +140,18 @@ def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> lis
 
 
 def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: str) -> list[Claim]:
-    """C2 stability: loss spikes (tied - untied count) and early gradient-norm jitter (log ratio), paired by seed."""
+    """C2 stability: loss spikes (tied - untied count, the runs' gradient-norm excursions shown beside them) and
+    early gradient-norm jitter (log ratio), paired by seed."""
     rows = []
     for c in pairs:
         spikes = c.delta(loss_spikes)
         if spikes:
             counts = f"{tied} {mean_text(mean_ci(map(loss_spikes, c.group.runs)))}, {untied} {mean_text(mean_ci(map(loss_spikes, c.base.runs)))}"
+            excursions = (
+                f"; grad-norm excursions (> {EXCURSION_FACTOR:g}x the running median) per run: {tied} "
+                f"{mean_text(mean_ci(map(grad_norm_excursions, c.group.runs)))}, {untied} "
+                f"{mean_text(mean_ci(map(grad_norm_excursions, c.base.runs)))}"
+            )
             rows.append(
                 tested(
                     "C2 stability (spikes)",
@@ -137,7 +160,7 @@ def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: s
                     spikes,
                     -1,
                     margin["spikes"],
-                    lambda ci, s=counts: f"Δspikes {ci_text(ci)} per run (mean {s})",
+                    lambda ci, s=counts, e=excursions: f"Δspikes {ci_text(ci)} per run (mean {s}){e}",
                 )
             )
         if jitter := log_ratios(c, grad_norm_jitter):
@@ -154,7 +177,25 @@ def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: s
             )
     needs = f"{tied} and {untied} runs of the same size with logged train losses and grad_norm (metrics.jsonl)"
     found = {r.claim for r in rows}
-    return rows + [missing(k, needs) for k in ("C2 stability (spikes)", "C2 stability (grad norm)") if k not in found]
+    rows += [missing("C2 stability (spikes)", needs)] if "C2 stability (spikes)" not in found else []
+    return rows + (
+        []
+        if "C2 stability (grad norm)" in found
+        else [few_early_norms(pairs) or missing("C2 stability (grad norm)", needs)]
+    )
+
+
+def few_early_norms(pairs: list[Comparison]) -> Claim | None:
+    """The grad-norm row without data when the runs do log grad_norm, but too few points early to read a jitter."""
+    runs = [r for c in pairs for r in c.group.runs + c.base.runs]
+    if not any(r.grad_norms for r in runs):
+        return None
+    early = sorted({early_grad_norms(r) for r in runs})
+    why = (
+        f"no data: the runs log grad_norm, but {'-'.join(map(str, dict.fromkeys([early[0], early[-1]])))} points in the "
+        f"first {EARLY_FRACTION:.0%} of steps (the jitter needs 3; log more often: train.log_interval)"
+    )
+    return Claim("C2 stability (grad norm)", TEXTS["C2 stability (grad norm)"], "-", "-", "-", why, "nothing to test")
 
 
 @dataclass

@@ -39,17 +39,23 @@ def tokens_to_loss(points: list[tuple[float, float]], target: float) -> float | 
     return None
 
 
-def budget_target(ladder: list["Comparison"], split: str) -> float | None:
-    """The loss midway through the range both modes' seed-mean budget curves span: from the higher of the two
-    seed-mean losses at the largest budget to the lower of the two at the smallest. Both modes reach it inside
-    their budgets, neither at an end; None when the ranges do not overlap."""
+def budget_range(ladder: list["Comparison"], split: str) -> tuple[float, float] | None:
+    """(bottom, top): the range of losses both modes' seed-mean budget curves span, from the higher of the two
+    seed-mean losses at the largest budget to the lower of the two at the smallest; None when they do not overlap."""
 
     def mean(runs):
         return statistics.fmean(loss for r in runs if (loss := final_loss(r, split)) is not None)
 
     top = min(mean(ladder[0].group.runs), mean(ladder[0].base.runs))
     bottom = max(mean(ladder[-1].group.runs), mean(ladder[-1].base.runs))
-    return (top + bottom) / 2 if bottom < top else None
+    return (bottom, top) if bottom < top else None
+
+
+def budget_target(ladder: list["Comparison"], split: str) -> float | None:
+    """The loss midway through budget_range: both modes reach it inside their budgets, neither at an end; None when
+    the ranges do not overlap."""
+    span = budget_range(ladder, split)
+    return (span[0] + span[1]) / 2 if span else None
 
 
 def budget_tokens(ladder: list["Comparison"], target: float, split: str) -> dict[str, dict[tuple, float | None]]:

@@ -9,6 +9,8 @@ how to fix it. The conditions, each read from the runs' own files, per group:
   baselines  no unigram perplexity in summary.json (runs made before tiecli 0.1): the plateau cannot
              be told. Pilot.
   seeds      fewer than MIN_SEEDS seeds. Pilot.
+  pick       --select chose the group's learning rate on fewer than MIN_SEEDS seeds (the units every rate of its
+             grid has, groups.shared_units): one seed's noise can pick the rate. Pilot.
   lr         the group's learning rate was not selected: no --select over a learning-rate key, or one
              whose grid held a single value for this group. Pilot.
   edge       the rate --select chose is the smallest or the largest its grid tried: the best rate may lie
@@ -22,19 +24,20 @@ import json
 from dataclasses import dataclass
 
 from tiecli.report.claims_rules import LADDER, Claim
-from tiecli.report.groups import Baseline, Group
+from tiecli.report.groups import Baseline, Group, shared_units
 
 PLATEAU_FRACTION = 0.5  # at most this multiple of the unigram perplexity: off the plateau
 MIN_SEEDS = 3
 UNJUDGED = ("no data", "not tested", "descriptive")  # verdicts no rule reached: nothing to label
 EXACT = ("R2", "C1")  # exact parameter counts: no training, no seeds, nothing to label
 PILOT, WITHHELD = "pilot", "withheld"
-KINDS = ("plateau", "baselines", "seeds", "lr", "edge")  # the order the report lists them in
+KINDS = ("plateau", "baselines", "seeds", "pick", "lr", "edge")  # the order the report lists them in
 RULE = (
     f"a verdict is withheld (shown as 'withheld: VERDICT', what the rule computed) when a group it reads is above "
     f"{PLATEAU_FRACTION:g}x its corpus's unigram perplexity (not off the unigram plateau), and labelled 'pilot: VERDICT' "
     f"when a group has fewer than {MIN_SEEDS} seeds, no unigram baseline in summary.json, or a learning rate not "
     "chosen by --select over two or more values of a learning-rate key (train.lr, train.lr_embedding, train.lr_output), "
+    f"chosen on fewer than {MIN_SEEDS} seeds (the seeds every rate of its grid ran), "
     "or chosen at the smallest or largest value its grid tried (the best rate may lie beyond it); R2 and C1 (exact counts) and rows without data are never labelled"
 )
 
@@ -125,6 +128,8 @@ def group_conditions(group: Group, candidates: list[Group], select: tuple[str, .
     members = family(group, candidates, select)
     if not lr_tuned(members, select):
         out.append(Condition("lr", group.label, steps, lr=group.setting.get("train.lr")))
+    elif len(picked := sorted(shared_units(members))) < MIN_SEEDS:
+        out.append(Condition("pick", group.label, steps, seeds=tuple(unit[0] for unit in picked)))
     return out + edges(group, members, select)
 
 
@@ -166,6 +171,10 @@ def reasons(found: list[Condition]) -> str:
         elif kind == "seeds":
             counts = sorted({len(c.seeds) for c in hits})
             out.append(f"{'-'.join(map(str, dict.fromkeys([counts[0], counts[-1]])))} seeds (< {MIN_SEEDS})")
+        elif kind == "pick":
+            counts = sorted({len(c.seeds) for c in hits})
+            many = "-".join(map(str, dict.fromkeys([counts[0], counts[-1]])))
+            out.append(f"learning rate picked on {many} seed{'' if many == '1' else 's'} (< {MIN_SEEDS})")
         elif kind == "lr":
             out.append(f"train.lr {', '.join(dict.fromkeys(rate(c.lr) for c in hits))} untuned")
         else:
@@ -229,6 +238,13 @@ def summarise(kind: str, hits: list[Condition], n_groups: int) -> tuple[str, str
             else ", ".join(f"{c.group} {seeds_text(c.seeds)}" for c in hits)
         )
         return f"{found}, fewer than {MIN_SEEDS}", f"run seed={','.join(map(str, every))}"
+    if kind == "pick":
+        picked = ", ".join(f"{c.group} on {seeds_text(c.seeds)}" for c in hits)
+        return (
+            f"learning rates picked on fewer than {MIN_SEEDS} seeds: {picked}; one seed's noise can decide a pick",
+            f"run each grid's rates on {MIN_SEEDS} or more seeds (the sweep's seed axis, or `add` rules over every rate) "
+            "and report again",
+        )
     if kind == "edge":
         chosen = ", ".join(
             f"{c.group if f'{c.key}=' in c.group else f'{c.group} {c.key}={rate(c.lr)}'} "

@@ -163,6 +163,7 @@ class NotSelected:
     chosen: str  # KEY=VALUE of the selected group
     chosen_loss: float
     seeds: int  # the units (seeds) the family's groups were compared on
+    runs: int = 0  # the group's runs, all left out of the report's groups
 
 
 def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], list[NotSelected]]:
@@ -192,6 +193,7 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
                 values(chosen, keys),
                 mean_loss(chosen, shared),
                 len(shared),
+                len(g.runs),
             )
             for g in members
             if g is not chosen

@@ -123,7 +123,7 @@ def verdicts(found: dict[str, list[gate.Condition]]) -> list[str]:
     if kind is None:
         return [
             f"Verdicts: every group off the unigram plateau (at most {gate.PLATEAU_FRACTION:g}x), {gate.MIN_SEEDS}+ seeds, "
-            "each learning rate selected with --select inside its grid."
+            f"each learning rate selected with --select inside its grid, on {gate.MIN_SEEDS}+ seeds."
         ]
     shown = (
         "withheld: each shows what its rule computed, and decides nothing"

@@ -160,8 +160,21 @@ def results_json(baseline: str, rules: dict, rows: list[dict], claims: list, ski
     }
 
 
+# Columns added after reports were first committed, in the order added: results.csv puts them (and a group's
+# _mean, _sd, _low, _high of them) after every other column, so an earlier results.csv is a prefix of each line.
+LATER_COLUMNS = ("grad_norm_excursions",)
+
+
+def later(field: str) -> int | None:
+    """The place of a field in LATER_COLUMNS (a group's interval of one included), None for an earlier column."""
+    return next((i for i, name in enumerate(LATER_COLUMNS) if field == name or field.startswith(name + "_")), None)
+
+
 def csv_text(rows: list[dict]) -> str:
     fields = list(dict.fromkeys(k for row in rows for k in row))
+    fields = [f for f in fields if later(f) is None] + sorted(
+        (f for f in fields if later(f) is not None), key=lambda f: later(f) or 0
+    )
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()

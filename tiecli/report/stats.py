@@ -9,6 +9,7 @@ transformed the same way (so a bound never falls below -100%)."""
 import math
 import statistics
 import warnings
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,9 @@ MIN_EVALS = 8  # fewer evaluations than this before the convergence target: the 
 SPIKE_FACTOR = 1.1
 SPIKE_WINDOW = 10
 EARLY_FRACTION = 0.2
+# A logged gradient norm (before clipping) above EXCURSION_FACTOR x the median of the SPIKE_WINDOW logged norms before
+# it is a gradient-norm excursion, counted from the fourth logged norm on, as the loss spikes.
+EXCURSION_FACTOR = 5.0
 
 
 @dataclass
@@ -92,12 +96,50 @@ def t_tests(values, sesoi: float | None) -> tuple[float | None, float | None]:
 
 def slope(points: list[tuple[float, float]]) -> tuple[Interval | None, float | None]:
     """Least-squares slope of y on x with its 95% t-interval (n - 2 degrees of freedom) and the
-    two-sided p-value of slope = 0."""
+    two-sided p-value of slope = 0: every point independent."""
     if len(points) < 3 or len({x for x, _ in points}) < 2:
         return None, None
     fit = stats.linregress(*zip(*points))
     half = stats.t.ppf(0.5 + CONFIDENCE / 2, len(points) - 2) * fit.stderr
     return Interval(len(points), fit.slope, None, fit.slope - half, fit.slope + half), float(fit.pvalue)
+
+
+def clustered_slope(points: Sequence[tuple[float, float, Hashable]]) -> tuple[Interval | None, float | None]:
+    """The least-squares slope of y on x over (x, y, cluster) points, its standard error robust to points of one
+    cluster (a seed: its held-out text and tokenizer shared across scales) being correlated: the sandwich
+    (X'X)^-1 (sum over clusters of X_g' e_g e_g' X_g) (X'X)^-1 with the small-sample factor G/(G-1) (n-1)/(n-2)
+    (CR1), 95% t-interval and two-sided p with G - 1 degrees of freedom (G clusters). Interval.n is G. None with
+    fewer than 3 points, 2 values of x or 2 clusters."""
+    clusters = list(dict.fromkeys(c for _, _, c in points))
+    if len(points) < 3 or len({x for x, _, _ in points}) < 2 or len(clusters) < 2:
+        return None, None
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    design = np.column_stack([np.ones_like(x), x])  # (n, 2): intercept, x
+    bread = np.linalg.inv(design.T @ design)
+    coef = bread @ design.T @ y
+    residual = y - design @ coef
+    meat = np.zeros((2, 2))
+    for c in clusters:
+        mine = np.array([cluster == c for _, _, cluster in points])
+        score = design[mine].T @ residual[mine]  # (2,): the cluster's summed score
+        meat += np.outer(score, score)
+    n, g = len(points), len(clusters)
+    se = math.sqrt(max(0.0, (g / (g - 1) * (n - 1) / (n - 2) * bread @ meat @ bread)[1, 1]))  # >= 0 up to rounding
+    b = float(coef[1])
+    if se == 0:
+        return Interval(g, b, None, b, b), _zero_spread_p(b, 0.0, "two-sided")
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, g - 1) * se
+    return Interval(g, b, None, b - half, b + half), float(2 * stats.t.sf(abs(b) / se, g - 1))
+
+
+def means_slope(points: list[tuple[float, float]]) -> Interval | None:
+    """slope() through the mean y at each x: one point per scale, n - 2 degrees of freedom over the scales
+    (None with fewer than 3 scales)."""
+    by_x: dict[float, list[float]] = {}
+    for x, y in points:
+        by_x.setdefault(x, []).append(y)
+    return slope([(x, statistics.fmean(ys)) for x, ys in by_x.items()])[0]
 
 
 def holm(p: list[float]) -> list[float]:
@@ -199,6 +241,23 @@ def loss_spikes(run: Run) -> int | None:
     )
 
 
+def grad_norm_excursions(run: Run) -> int | None:
+    """Logged gradient norms above EXCURSION_FACTOR x the median of the SPIKE_WINDOW before them (at least 3 before),
+    over the whole run; None with fewer than 4 logged norms."""
+    norms = [g for _, g in run.grad_norms]
+    if len(norms) < 4:
+        return None
+    return sum(
+        norms[i] > EXCURSION_FACTOR * statistics.median(norms[max(0, i - SPIKE_WINDOW) : i])
+        for i in range(3, len(norms))
+    )
+
+
+def early_grad_norms(run: Run) -> int:
+    """The logged gradient norms in the first EARLY_FRACTION of the run's steps, which grad_norm_jitter reads."""
+    return sum(step <= EARLY_FRACTION * run.steps and g > 0 for step, g in run.grad_norms)
+
+
 def grad_norm_jitter(run: Run) -> float | None:
     """The sd of the changes in log gradient norm between consecutive logged steps over the first EARLY_FRACTION
     of the run: step-to-step instability, scale-free and blind to the norm's smooth trend. None with under 3 norms."""
@@ -245,6 +304,7 @@ def run_values(run: Run) -> dict[str, float | None]:
         "grad_norm_jitter": grad_norm_jitter(run),
         "diverged": diverged(run),
         "divergence_threshold": divergence_threshold(run),
+        "grad_norm_excursions": grad_norm_excursions(run),  # results.csv: after every earlier column (LATER_COLUMNS)
     }
 
 

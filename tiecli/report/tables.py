@@ -14,7 +14,15 @@ from tiecli.report.groups import Group
 from tiecli.report.load import Run, Skipped
 from tiecli.report.reference import Reference
 from tiecli.report.render import TableSpec
-from tiecli.report.stats import EARLY_FRACTION, SPIKE_FACTOR, SPIKE_WINDOW, Interval, ci_text, embedding_share
+from tiecli.report.stats import (
+    EARLY_FRACTION,
+    EXCURSION_FACTOR,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
+    Interval,
+    ci_text,
+    embedding_share,
+)
 
 # Two diagnostics tables, so that each fits a terminal: training dynamics, then end-of-training geometry.
 DYNAMICS_COLUMNS = (
@@ -24,6 +32,7 @@ DYNAMICS_COLUMNS = (
     ("drift_output", "drift out"),
     ("loss_spikes", "loss spikes"),
     ("grad_norm_jitter", "grad-norm jitter"),
+    ("grad_norm_excursions", "grad-norm excursions"),
 )
 GEOMETRY_COLUMNS = (
     ("anisotropy_input", "anisotropy in"),
@@ -251,8 +260,9 @@ def diagnostics_tables(groups: list[Group], references: Sequence[Reference] = ()
             DYNAMICS_COLUMNS,
             "grad cos, grad cancel: mean over training (metrics.jsonl); drift |W - W0|_F / |W0|_F at the last geometry.json entry; "
             f"loss spikes: logged train losses above {SPIKE_FACTOR:g} x the median of the {SPIKE_WINDOW} before; grad-norm "
-            f"jitter: sd of the changes in log grad_norm between logged steps over the first {EARLY_FRACTION:.0%} of steps "
-            "(rules: claim C2 stability)",
+            f"jitter: sd of the changes in log grad_norm between logged steps over the first {EARLY_FRACTION:.0%} of steps; "
+            f"grad-norm excursions: logged grad_norm above {EXCURSION_FACTOR:g} x the median of the {SPIKE_WINDOW} before, "
+            "per run (rules: claim C2 stability)",
         ),
         (
             "Geometry at the last geometry entry, equal architecture (claim R3)",

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tiecli.report.claims_rules import Claim
+from tiecli.report.gate import WITHHELD
 from tiecli.report.load import Skipped
 from tiecli.report.render import NO_DATA, NOT_TESTED, TableSpec
 
@@ -33,6 +34,7 @@ def _measure(spec: TableSpec, width: int) -> list[tuple[int, int, int]]:
         word = max((len(w) for text in cells for w in text.split()), default=1)
         if i == 0:  # the group, repeated in every table: folded past a quarter of the width
             need = min(natural, max(len(header), width // 4))
+            natural = max(need, word) if spec.text else natural  # folded text: no wider than that (or its longest word)
         elif spec.text:  # folded text
             need = max(len(header), min(word, FOLD_MIN))
         else:  # numbers: never broken inside one
@@ -115,23 +117,52 @@ def rich_table(spec: TableSpec) -> TerminalTable:
     return TerminalTable(spec)
 
 
+# Each claim's name beside its id, for the terminal's short table (report.md has the claim's full text under Rules).
+NAMES = {
+    "R2": "largest tensor",
+    "C1": "parameter share saved",
+    "R4": "gradient cancellation, whole matrix",
+    "R4 (pairs)": "gradient opposition, related forms",
+    "R3": "related forms: pulled in, pushed out",
+    "C2/C7": "input and output spaces kept close",
+    "R6": "untied converges faster",
+    "C3": "tied converges faster",
+    "R6 (schedule-dependent)": "steps to a target, one schedule",
+    "C6": "tying lowers perplexity",
+    "R5/C6 (smallest size)": "tying helps the smallest model",
+    "R5/C6 (trend)": "tying's help shrinks with size",
+    "R5/C6": "tying helps small models, less large",
+    "R5": "untying wins with more data",
+    "R5/C2 gap": "tying regularises: raw gap",
+    "R5/C2 gap (equal fit)": "tying regularises: gap at equal fit",
+    "C2/C7 drift": "tying reduces embedding drift",
+    "C2 stability (spikes)": "tying stabilises: loss spikes",
+    "C2 stability (grad norm)": "tying stabilises: gradient norm",
+    "C2 stability (divergence)": "tying stabilises: divergence",
+}
+
+
 def claims_summary(claim_rows: list[Claim]) -> TableSpec:
-    """The claims table for the terminal: what each row measured and its verdict, label included."""
+    """The claims table for the terminal: each claim by id and name, what it measured and its verdict, label included."""
     return TableSpec(
         "Claims (tied vs untied, equal architecture unless stated)",
-        "pilot and withheld verdicts (see above) show what the rule computed; why, figures and rules: report.md",
+        "pilot verdicts (see above) show what the rule computed, to be confirmed; a withheld row has no verdict, only "
+        "what the rule alone would give; why, figures and rules: report.md",
         ["claim", "comparison", "verdict", "measured [95% CI]"],
-        [[c.claim, c.comparison, *short_verdict(c)] for c in claim_rows],
+        [[f"{c.claim}: {NAMES.get(c.claim, c.says)}", c.comparison, *short_verdict(c)] for c in claim_rows],
         text=True,
     )
 
 
 def short_verdict(row: Claim) -> list[str]:
-    """(verdict, measured); a row without data, or not tested, says why where the measurement would be."""
+    """(verdict, measured); a row without data, or not tested, says why where the measurement would be; a withheld
+    verdict reads as none, with what the rule alone gives."""
     for untested in (NO_DATA, NOT_TESTED):
         if row.verdict.startswith(untested):
             why = row.verdict.removeprefix(untested).removeprefix(":").strip()
             return [untested, "; ".join(part for part in (why, row.measured if untested == NOT_TESTED else "") if part)]
+    if row.verdict.startswith(f"{WITHHELD}: "):
+        return [f"{WITHHELD}, no verdict (rule alone: {row.verdict.removeprefix(f'{WITHHELD}: ')})", row.measured]
     return [row.verdict, row.measured]
 
 
