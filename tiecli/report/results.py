@@ -6,6 +6,7 @@ import io
 from collections import Counter
 from dataclasses import asdict
 
+from tiecli.report.claims_embedding import alike, early_path_ratio
 from tiecli.report.claims_stability import Outcome
 from tiecli.report.compare import Comparison, EqualParams
 from tiecli.report.groups import Group
@@ -51,7 +52,7 @@ def claim_inputs(r: Run, c: Comparison | None) -> dict:
     (R5/C2 gap (equal fit)): the train loss both runs reach, each run's val - train gap there."""
     base = next((b for b in c.base.runs if b.seed == r.seed), None) if c else None
     if c is None or base is None:
-        return {}
+        return {"early_out_in": early_path_ratio(r)}
     level = max(r.fit[-1][0], base.fit[-1][0]) if r.fit and base.fit else None
     loss, base_loss = final_loss(r, c.split), final_loss(base, c.split)
     return {
@@ -61,6 +62,8 @@ def claim_inputs(r: Run, c: Comparison | None) -> dict:
         "equal_fit_train_loss": level,
         "equal_fit_gap": gap_at(r.fit, level) if level is not None and len(r.fit) > 1 else None,
         "baseline_equal_fit_gap": gap_at(base.fit, level) if level is not None and len(base.fit) > 1 else None,
+        "early_out_in": early_path_ratio(r),
+        **alike(r, base),  # L1: this run's input matrix against the baseline run's two
     }
 
 
@@ -160,8 +163,14 @@ def results_json(baseline: str, rules: dict, rows: list[dict], claims: list, ski
     }
 
 
+# Columns added after findings were committed (R4 (cancellation), drift_unit, L1): placed after all others, so the
+# columns before them keep their places (group rows' KEY_mean etc. follow their key)
+APPENDED = ("pair_cancel_", "pair_row_cos", "drift_unit_", "alike_", "early_out_in")
+
+
 def csv_text(rows: list[dict]) -> str:
     fields = list(dict.fromkeys(k for row in rows for k in row))
+    fields = [f for f in fields if not f.startswith(APPENDED)] + [f for f in fields if f.startswith(APPENDED)]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
