@@ -126,11 +126,13 @@ def pair_cancellation(
         "pair_row_cos": cos[:n_forms].mean(),
         "pair_row_cos_null": cos[n_forms:].mean(),
     }
-    stats = dict.fromkeys(CANCEL_KEYS) | dict(zip(figures, torch.stack(list(figures.values())).tolist()))
     if not kept.any():  # no bin covered: nothing to compare
         return dict.fromkeys(CANCEL_KEYS) | {"pair_cancel_cover": 0.0}
-    for kind in s:
-        for null in ("", "_null"):
-            den = stats[f"pair_cancel_{kind}{null}_den"]
-            stats[f"pair_cancel_{kind}{null}"] = 1 - stats[f"pair_cancel_{kind}{null}_num"] / den if den > 0 else None
-    return stats
+    measured: dict[str, float] = dict(zip(figures, torch.stack(list(figures.values())).tolist()))  # one device sync
+    fractions = {
+        f"pair_cancel_{kind}{null}": 1 - measured[f"pair_cancel_{kind}{null}_num"] / den if den > 0 else None
+        for kind in s
+        for null in ("", "_null")
+        for den in [measured[f"pair_cancel_{kind}{null}_den"]]
+    }
+    return dict.fromkeys(CANCEL_KEYS) | measured | fractions

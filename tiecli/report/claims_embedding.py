@@ -264,10 +264,14 @@ def alike_claims(pairs: list[Comparison], tied: str, untied: str, margin) -> lis
     rows = []
     for c in pairs:
         measured = [alike(a, b) for a, b in paired(c.group, c.base, lambda r: r)]
+        values = [
+            out - inp
+            for m in measured
+            if (out := m["alike_cka_output"]) is not None and (inp := m["alike_cka_input"]) is not None
+        ]
         measured = [m for m in measured if m["alike_cka_output"] is not None and m["alike_cka_input"] is not None]
         if not measured:
             continue
-        values = [m["alike_cka_output"] - m["alike_cka_input"] for m in measured]
         means = {k: mean_text(mean_ci(m[k] for m in measured)) for k in measured[0]}
         early = mean_ci(early_path_ratio(r) for r in c.group.runs)
         shown = (

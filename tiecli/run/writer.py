@@ -182,11 +182,12 @@ class RunWriter:
     def row_sample(self, step: int, ids: np.ndarray, input_rows: np.ndarray, output_rows: np.ndarray | None) -> None:
         """rows.npz, replacing the previous step's: token ids and their rows of the input and (when the mode has
         two matrices) the output matrix, as float16, the compact record two runs' matrices are compared by."""
-        arrays = {"step": np.int64(step), "ids": ids.astype(np.int32), "input": input_rows.astype(np.float16)}
-        if output_rows is not None:
-            arrays["output"] = output_rows.astype(np.float16)
+        step_, ids_, input_ = np.array(step, dtype=np.int64), ids.astype(np.int32), input_rows.astype(np.float16)
         buffer = io.BytesIO()
-        np.savez_compressed(buffer, **arrays)
+        if output_rows is None:
+            np.savez_compressed(buffer, step=step_, ids=ids_, input=input_)
+        else:
+            np.savez_compressed(buffer, step=step_, ids=ids_, input=input_, output=output_rows.astype(np.float16))
         atomic_write(self.path / ROW_SAMPLE, buffer.getvalue())
 
     def remove_snapshot(self, step: int) -> None:
