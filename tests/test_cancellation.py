@@ -116,7 +116,7 @@ def test_adam_reading_is_the_step_adamw_takes(mode):
         stats = cancellation.pair_cancellation(g_in, g_out, w_in, w_out, index, opt)
         s = {}
         for path, g, w in (("in", g_in, w_in), ("out", g_out, w_out)):
-            full = g_in + g_out if model.emb.shared else g
+            full = (g_in + g_out,) if model.emb.shared else (g,)
             rows = torch.arange(64)
             step = g * cancellation.adam_step_size(opt, w, full, rows)
             s[path] = diagnostics.projections(

@@ -70,14 +70,17 @@ def _terms(s_in: torch.Tensor, s_out: torch.Tensor, weights: torch.Tensor) -> tu
     return ((s_in + s_out).abs() * weights).sum() / total, ((s_in.abs() + s_out.abs()) * weights).sum() / total
 
 
-def adam_step_size(optimizer: torch.optim.Optimizer, p: torch.Tensor, grad: torch.Tensor, rows: torch.Tensor):
+def adam_step_size(optimizer: torch.optim.Optimizer, p: torch.Tensor, grads: tuple, rows: torch.Tensor):
     """lr / (sqrt(v_hat) + eps) at `rows` of parameter p (R, C): v_hat the bias-corrected second moment the
-    coming AdamW step will use, beta2 v + (1 - beta2) grad^2 (grad: p's whole gradient, unscaled)."""
+    coming AdamW step will use, beta2 v + (1 - beta2) g^2, g = sum(grads) (p's whole gradient, unscaled: both
+    paths' when p is shared), summed at the rows only."""
     group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
     beta2, eps, lr = group["betas"][1], group["eps"], group["lr"]
     state = optimizer.state.get(p, {})
     taken = int(state["step"]) if "step" in state else 0  # steps taken so far: the coming one is taken + 1
-    g = torch.index_select(grad, 0, rows).float()  # (R, C)
+    g = torch.index_select(grads[0], 0, rows).float()  # (R, C)
+    for grad in grads[1:]:
+        g += torch.index_select(grad, 0, rows)
     v = (1 - beta2) * g.square()
     if "exp_avg_sq" in state:
         v += beta2 * torch.index_select(state["exp_avg_sq"], 0, rows).float()
@@ -108,13 +111,15 @@ def pair_cancellation(
     weights = torch.cat([kept.float(), null_weights])
     s = {"grad": [projections(g.float(), *d, a, b)[0] for g, d in ((g_in, diff_in), (g_out, diff_out))]}
     if optimizer is not None:
-        shared = w_in is w_out
-        whole = (g_in + g_out, g_in + g_out) if shared else (g_in, g_out)  # the gradient each matrix's v sees
+        # the gradient each matrix's v sees: both paths' when shared, and then one step size for both paths
+        whole = {id(w_in): (g_in, g_out)} if w_in is w_out else {id(w_in): (g_in,), id(w_out): (g_out,)}
+        matrices = {id(p): p for p in (w_in, w_out)}  # one when shared
+        sizes = {
+            key: tuple(adam_step_size(optimizer, p, whole[key], rows) for rows in (a, b)) for key, p in matrices.items()
+        }
         s["adam"] = [
-            projections(
-                g.float(), *d, a, b, scale=lambda rows, p=p, full=full: adam_step_size(optimizer, p, full, rows)
-            )[0]
-            for g, d, p, full in ((g_in, diff_in, w_in, whole[0]), (g_out, diff_out, w_out, whole[1]))
+            projections(g.float(), *d, a, b, sizes[id(p)])[0]
+            for g, d, p in ((g_in, diff_in, w_in), (g_out, diff_out, w_out))
         ]
     figures: dict[str, torch.Tensor] = {}
     for kind, (s_in, s_out) in s.items():

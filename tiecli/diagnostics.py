@@ -220,12 +220,12 @@ def differences(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torc
     return w_diff, w_diff.norm(dim=1)
 
 
-def projections(g: torch.Tensor, w_diff: torch.Tensor, w_norm: torch.Tensor, a, b, scale=None) -> tuple:
+def projections(g: torch.Tensor, w_diff: torch.Tensor, w_norm: torch.Tensor, a, b, scales=None) -> tuple:
     """s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]| and its cosine, per pair; 0 where either difference is 0.
-    scale(rows) -> (M, C): a per-entry factor on g's rows first (an optimizer's step size: tiecli/cancellation.py)."""
+    scales: (M, C) factors on g[a] and on g[b] first (an optimizer's step size: tiecli/cancellation.py)."""
     g_a, g_b = torch.index_select(g, 0, a), torch.index_select(g, 0, b)  # (M, C) each
-    if scale is not None:
-        g_a, g_b = g_a * scale(a), g_b * scale(b)
+    if scales is not None:
+        g_a, g_b = g_a * scales[0], g_b * scales[1]
     g_diff = g_a - g_b  # (M, C)
     s = torch.where(w_norm > 0, (g_diff * w_diff).sum(1) / w_norm.clamp_min(1e-30), 0.0)  # (M,)
     g_norm = g_diff.norm(dim=1)
