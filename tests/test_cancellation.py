@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY
+from helpers import tiecli
 
 from tiecli import cancellation, diagnostics, geometry, train
 from tiecli.config.checks import to_config
@@ -176,3 +177,15 @@ def test_training_records_cancellation_and_a_row_sample(tmp_path, mode):
     assert (rows_out is None) == (mode == "tied")
     assert (tmp_path / "r" / ROW_SAMPLE).stat().st_size < 200_000
     assert reader.geometry()[-1].input["drift_unit"] > 0
+
+
+def test_geometry_write_adds_the_row_sample_of_the_latest_step_only(tiny_run):
+    """A run from before rows.npz gains it from `tiecli geometry RUN --write` (its last checkpoint's rows); writing an
+    earlier step's entry leaves rows.npz at the last step."""
+    (tiny_run / ROW_SAMPLE).unlink()
+    assert tiecli("geometry", tiny_run, "--step", "6", "--write").exit_code == 0
+    assert RunReader(tiny_run).row_sample() is None
+    assert tiecli("geometry", tiny_run, "--write").exit_code == 0
+    step, ids, rows_in, _ = RunReader(tiny_run).row_sample()
+    assert step == 12 and len(ids) == len(rows_in) > 0
+    assert RunReader(tiny_run).geometry()[-1].input["drift_unit"] is not None

@@ -315,7 +315,8 @@ def row_sample(emb: Embeddings, counts: np.ndarray) -> tuple[np.ndarray, np.ndar
 def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | None, write: bool) -> GeometryEntry:
     """Recompute the geometry entry of a run at `step` (latest, init or a snapshot's step number).
 
-    With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost.
+    With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost,
+    and at `latest` the row sample into rows.npz (a run trained before either keeps them from then on).
     """
     reader, name = RunReader(run_dir), run_dir.name
     init = checkpoint.load_embeddings(run_dir / INIT_CHECKPOINT, config.model, name)
@@ -342,4 +343,6 @@ def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | 
     if write:
         with trackers.open_run(run_dir) as run:
             run.geometry(entry)
+            if step == "latest":  # rows.npz holds the last step's rows, never an earlier step's
+                run.row_sample(number, *row_sample(emb, corpus.counts))
     return entry
