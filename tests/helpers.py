@@ -224,6 +224,7 @@ def write_run(root, size, mode, seed, loss=None, status="completed", keep_open=F
     def side(drift, contrast):
         return {
             "drift": drift,
+            "drift_unit": drift,
             "anisotropy": 0.1,
             "effective_rank": n_embd / 2,
             "forms_contrast": contrast,

@@ -457,7 +457,7 @@ SIDE_KEYS = {
     "forms_matched_cosine",
     "forms_contrast",
 }
-DRIFT_KEYS = {"drift", "drift_frequent", "drift_mid", "drift_rare"}
+DRIFT_KEYS = {"drift", "drift_frequent", "drift_mid", "drift_rare", "drift_unit"}
 AGREEMENT_KEYS = {"row_cosine", "distance", "knn_overlap", "knn_k", "knn_queries", "cka"}
 
 

@@ -69,7 +69,13 @@ def run_dir(
     side = {"singular_values": [2.0, 1.0]}
     entries = (
         [
-            GeometryEntry(step, mode == "tied", V, {**side, "drift": d_in}, {**side, "drift": d_out})
+            GeometryEntry(
+                step,
+                mode == "tied",
+                V,
+                {**side, "drift": d_in, "drift_unit": d_in},
+                {**side, "drift": d_out, "drift_unit": d_out},
+            )
             for step, (d_in, d_out) in ((0, (0.0, 0.0)), (STEPS, drift or (0.0, 0.0)))
         ]
         if drift

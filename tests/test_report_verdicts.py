@@ -94,7 +94,8 @@ def synth(
 
 
 def geometry(step, mode, agreement):
-    side = {"drift": 0.1 if mode == "tied" else 0.9, "singular_values": [2.0, 1.0]}
+    drift = 0.1 if mode == "tied" else 0.9
+    side = {"drift": drift, "drift_unit": drift, "singular_values": [2.0, 1.0]}
     return GeometryEntry(step=step, tied=mode == "tied", n_tokens=V, input=side, output=side, agreement=agreement)
 
 

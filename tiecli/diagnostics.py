@@ -214,15 +214,19 @@ def path_matrices(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
     return (emb.wte, emb.wte) if emb.shared else (emb.wte, emb.lm_head)
 
 
-def _differences(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def differences(w: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w[a] - w[b] (M, C) and its norms (M,)."""
     w_diff = torch.index_select(w, 0, a) - torch.index_select(w, 0, b)
     return w_diff, w_diff.norm(dim=1)
 
 
-def _projections(g: torch.Tensor, w_diff: torch.Tensor, w_norm: torch.Tensor, a, b) -> tuple:
-    """s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]| and its cosine, per pair; 0 where either difference is 0."""
-    g_diff = torch.index_select(g, 0, a) - torch.index_select(g, 0, b)  # (M, C)
+def projections(g: torch.Tensor, w_diff: torch.Tensor, w_norm: torch.Tensor, a, b, scales=None) -> tuple:
+    """s = <g[a] - g[b], w[a] - w[b]> / |w[a] - w[b]| and its cosine, per pair; 0 where either difference is 0.
+    scales: (M, C) factors on g[a] and on g[b] first (an optimizer's step size: tiecli/cancellation.py)."""
+    g_a, g_b = torch.index_select(g, 0, a), torch.index_select(g, 0, b)  # (M, C) each
+    if scales is not None:
+        g_a, g_b = g_a * scales[0], g_b * scales[1]
+    g_diff = g_a - g_b  # (M, C)
     s = torch.where(w_norm > 0, (g_diff * w_diff).sum(1) / w_norm.clamp_min(1e-30), 0.0)  # (M,)
     g_norm = g_diff.norm(dim=1)
     return s, torch.where(g_norm > 0, s / g_norm.clamp_min(1e-30), 0.0)
@@ -260,10 +264,10 @@ def pair_gradients(
         return {"pair_n": 0, "pair_null_n": 0, **none, "pair_claimed_null_sd": None}
     ids = torch.cat([index.forms, index.null])  # (M, 2): one gather per matrix for both sets
     a, b = ids[:, 0], ids[:, 1]
-    diff_in = _differences(w_in.detach().float(), a, b)
-    diff_out = diff_in if w_out is w_in else _differences(w_out.detach().float(), a, b)  # tied: one matrix
-    s_in, c_in = _projections(g_in.float(), *diff_in, a, b)
-    s_out, c_out = _projections(g_out.float(), *diff_out, a, b)
+    diff_in = differences(w_in.detach().float(), a, b)
+    diff_out = diff_in if w_out is w_in else differences(w_out.detach().float(), a, b)  # tied: one matrix
+    s_in, c_in = projections(g_in.float(), *diff_in, a, b)
+    s_out, c_out = projections(g_out.float(), *diff_out, a, b)
     figures = _pair_figures(s_in[:n_forms], s_out[:n_forms], c_in[:n_forms], c_out[:n_forms], "")
     figures |= _pair_figures(s_in[n_forms:], s_out[n_forms:], c_in[n_forms:], c_out[n_forms:], "_null")
     stats = dict(zip(figures, torch.stack(list(figures.values())).tolist()))  # one device sync
@@ -287,10 +291,32 @@ def embedding_geometry(
     return {**geometry.measure(w_in, w_out, counts, buckets, w_in0, w_out0, pairs, seed=seed), "pairs": pairs_info}
 
 
+# rows.npz: the rows of the most frequent tokens, at most N_SAMPLE_ROWS and SAMPLE_BYTES of float16 per matrix
+# (512 rows up to C = 128, 170 at C = 384): enough for a mean row cosine and a CKA between two runs, small
+# enough to commit with a run (docs/studies.md packs runs without their checkpoints).
+N_SAMPLE_ROWS = 512
+SAMPLE_BYTES = 128 * 1024
+
+
+@torch.no_grad()
+def row_sample(emb: Embeddings, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(ids (n,), input rows (n, C), output rows (n, C) or None when the mode has one matrix): the effective
+    matrices at the rows of the n most frequent tokens of the training split, ids ascending. The rows depend
+    only on the corpus, so two runs on one corpus sample the same tokens and their matrices compare row by row."""
+    width = emb.input_matrix().shape[1]
+    n = min(N_SAMPLE_ROWS, SAMPLE_BYTES // (2 * width))
+    ids = np.sort(np.argsort(-np.asarray(counts), kind="stable")[:n])
+    ids = ids[np.asarray(counts)[ids] > 0]
+    rows = torch.from_numpy(ids).to(emb.wte.device)
+    sample = lambda w: w.detach()[rows].float().cpu().numpy()  # noqa: E731
+    return ids, sample(emb.input_matrix()), None if emb.one_matrix else sample(emb.output_matrix())
+
+
 def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | None, write: bool) -> GeometryEntry:
     """Recompute the geometry entry of a run at `step` (latest, init or a snapshot's step number).
 
-    With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost.
+    With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost,
+    and at `latest` the row sample into rows.npz (a run trained before either keeps them from then on).
     """
     reader, name = RunReader(run_dir), run_dir.name
     init = checkpoint.load_embeddings(run_dir / INIT_CHECKPOINT, config.model, name)
@@ -317,4 +343,6 @@ def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | 
     if write:
         with trackers.open_run(run_dir) as run:
             run.geometry(entry)
+            if step == "latest":  # rows.npz holds the last step's rows, never an earlier step's
+                run.row_sample(number, *row_sample(emb, corpus.counts))
     return entry

@@ -181,13 +181,20 @@ def _drift(rows: Rows, rows0: Rows, buckets_occ: np.ndarray) -> Metrics:
     out = {"drift": ratio(np.ones(len(moved), dtype=bool))}
     for b, name in enumerate(BUCKETS):
         out[f"drift_{name}"] = ratio(buckets_occ == b)
+    # Scale-free: the same ratio between the unit rows, |U - U0|_F / |U0|_F = sqrt(mean_i |u_i - u0_i|^2) over
+    # rows non-zero at init, = sqrt(mean_i 2 (1 - cos(w_i, w0_i))); norm growth alone leaves it at 0
+    turned = (rows.unit - rows0.unit).pow(2).sum(1).double().cpu().numpy()  # (n,)
+    nonzero = size > 0
+    out["drift_unit"] = math.sqrt(turned[nonzero].mean()) if nonzero.any() else None
     return out
 
 
 def drift(W: torch.Tensor, W0: torch.Tensor, counts: Counts, buckets: Counts) -> Metrics:
     """Relative distance from initialisation, |W - W0|_F / |W0|_F over the occurring rows,
-    overall and per frequency bucket (None for a bucket with no occurring rows).
-    Keys: n_tokens, drift, drift_frequent, drift_mid, drift_rare."""
+    overall and per frequency bucket (None for a bucket with no occurring rows), and drift_unit, the same
+    between the row-normalised matrices (each row w / |w|), which growth of the rows' norms does not move:
+    in [0, 2], sqrt(2) for rows turned orthogonal to their init (None when every init row is zero).
+    Keys: n_tokens, drift, drift_frequent, drift_mid, drift_rare, drift_unit."""
     idx = occurring(counts)
     buckets_occ = np.asarray(buckets)[idx]
     return {"n_tokens": len(idx), **_drift(Rows(W, idx), Rows(W0, idx), buckets_occ)}

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from tiecli import checkpoint, diagnostics, distributed
+from tiecli import cancellation, checkpoint, diagnostics, distributed
 from tiecli.config.schema import Config
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
@@ -225,7 +225,9 @@ def grad_stats(
         g_in, g_out = g_in / s.scaler.get_scale(), g_out / s.scaler.get_scale()
     stats = diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
     assert pairs is not None  # fit draws them whenever diag.every > 0, which present requires
-    return stats | diagnostics.pair_gradients(g_in, g_out, *diagnostics.path_matrices(emb), pairs)
+    matrices = diagnostics.path_matrices(emb)
+    stats |= diagnostics.pair_gradients(g_in, g_out, *matrices, pairs)
+    return stats | cancellation.pair_cancellation(g_in, g_out, *matrices, pairs, s.optimizer)
 
 
 def micro_steps(s: Setup, loss_acc: torch.Tensor, diag_now: bool) -> torch.Tensor | None:
@@ -295,6 +297,7 @@ def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings | None, step: int
         return
     entry = diagnostics.embedding_geometry(s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed)
     run.geometry(parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
+    run.row_sample(step, *diagnostics.row_sample(s.model.emb, s.corpus.counts))
     if d.snapshots and snapshot_due(s.config, step):
         run.save(SNAPSHOTS / f"step_{step}.pt", checkpoint.to_bytes({"emb": s.model.emb.state_dict()}))
         for kept in run.reader.snapshot_steps():  # a resume that changed the schedule leaves some off the plan

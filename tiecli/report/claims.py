@@ -16,7 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tiecli.errors import TiecliError
-from tiecli.report.claims_embedding import agreement_claims, forms_claims, gradient_claims, parameter_claims
+from tiecli.report.claims_embedding import (
+    agreement_claims,
+    alike_claims,
+    forms_claims,
+    gradient_claims,
+    parameter_claims,
+)
 from tiecli.report.claims_rules import (
     DERIVED,
     FAMILY_CLAIMS,
@@ -79,6 +85,7 @@ def claims(
     rows += data_claims(pairs, axis, f"{tied} and {untied} runs at two or more values of tokens seen")
     rows += gap_claims(pairs, margin["ppl"], tied, untied)
     rows += drift_claims(pairs, margin["drift"], tied, untied)
+    rows += alike_claims(pairs, tied, untied, margin["cka"])
     rows += stability_claims(pairs, margin, tied, untied)
     rows += divergence_claims(grid, tied, untied)
     return derive(judge(rows, families, row_studies(rows, groups, axis)))

@@ -1,11 +1,16 @@
 # Used by tiecli/report/claims.py: the claims about the token matrices themselves.
 """Claim rows about the embedding matrices: their size (R2, C1), the two gradient paths of a tied matrix
-(R4, R4 (pairs)), related word forms in the untied spaces (R3) and how alike the two spaces stay (C2/C7)."""
+(R4, R4 (pairs), R4 (cancellation)), related word forms in the untied spaces (R3), how alike the two spaces
+stay (C2/C7), and which untied matrix a tied one comes to resemble (L1, from the literature)."""
 
+import math
 from typing import cast
+
+import numpy as np
 
 from tiecli.report.claims_rules import (
     C1_CLAIMED_SHARE,
+    R4_CANCEL_SESOI,
     R4_PAIRS_SESOI,
     TEXTS,
     UNTIED_INIT,
@@ -16,7 +21,8 @@ from tiecli.report.claims_rules import (
 )
 from tiecli.report.compare import Comparison
 from tiecli.report.groups import Group
-from tiecli.report.stats import ci_text, mean_ci, pair_excess
+from tiecli.report.load import Run
+from tiecli.report.stats import EARLY_FRACTION, ci_text, mean_ci, pair_excess, paired
 
 
 def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
@@ -67,8 +73,9 @@ def c1_side(share: float) -> str:
 
 def gradient_claims(pairs: list[Comparison], tied_groups: list[Group], tied: str, untied: str, margin) -> list[Claim]:
     """R4: Δcos = tied - untied mean grad_cos, paired by seed, below zero; the tied z and norm lost shown.
-    Then R4 (pairs): pair_claims."""
-    return global_gradient_claims(pairs, tied_groups, tied, untied, margin) + pair_claims(tied_groups, tied)
+    Then R4 (pairs): pair_claims, and R4 (cancellation): cancellation_claims."""
+    rows = global_gradient_claims(pairs, tied_groups, tied, untied, margin) + pair_claims(tied_groups, tied)
+    return rows + cancellation_claims(pairs, tied, untied)
 
 
 def global_gradient_claims(
@@ -169,4 +176,132 @@ def agreement_claims(groups: list[Group], untied: str, margin) -> list[Claim]:
             )
     return rows or [
         missing("C2/C7", f"{untied} or {UNTIED_INIT} runs with geometry at step 0 and later (diag.geometry)")
+    ]
+
+
+def cancellation_claims(pairs: list[Comparison], tied: str, untied: str) -> list[Claim]:
+    """R4 (cancellation): per seed, the tied run's excess cancelled fraction of Adam's step along the related
+    pairs (over the frequency- and cosine-matched null) minus the untied control's; above zero."""
+    rows = []
+    for c in pairs:
+        values = c.delta(lambda r: r.diag.get("pair_cancel_adam_excess"))
+        if not values:
+            continue
+        excess = {
+            f"{mode} {kind}": mean_text(mean_ci(r.diag.get(f"pair_cancel_{kind}_excess") for r in runs))
+            for mode, runs in ((tied, c.group.runs), (untied, c.base.runs))
+            for kind in ("adam", "grad")
+        }
+        fraction = mean_text(mean_ci(r.diag.get("pair_cancel_adam") for r in c.group.runs))
+        cover = mean_text(mean_ci(r.diag.get("pair_cancel_cover") for r in c.group.runs))
+        shown = (
+            f"excess cancelled fraction beyond the null, Adam's step: {tied} {excess[f'{tied} adam']}, {untied} "
+            f"{excess[f'{untied} adam']}; raw gradients: {tied} {excess[f'{tied} grad']}, {untied} "
+            f"{excess[f'{untied} grad']}; {tied} cancelled fraction {fraction}; pairs matched {cover}"
+        )
+        rows.append(
+            tested(
+                "R4 (cancellation)",
+                c.group.label,
+                "results.csv (pair_cancel_* columns)",
+                values,
+                +1,
+                (R4_CANCEL_SESOI, f"{R4_CANCEL_SESOI:g} of the paths' step"),
+                lambda ci, s=shown: f"Δexcess {tied} - {untied} {ci_text(ci)}; {s}",
+            )
+        )
+    return rows or [
+        missing(
+            "R4 (cancellation)",
+            f"{tied} and {untied} runs of the same size with the cancellation statistics (diag.every > 0, related "
+            "pairs in the vocabulary; tiecli since R4 (cancellation))",
+        )
+    ]
+
+
+def linear_cka(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Linear CKA (Kornblith et al. 2019) of two (n, C) row sets, rows as examples, columns centred:
+    |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F); None when either is constant."""
+    x = x.astype(np.float64) - x.mean(0, dtype=np.float64)
+    y = y.astype(np.float64) - y.mean(0, dtype=np.float64)
+    denom = np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)
+    return float(np.linalg.norm(y.T @ x) ** 2 / denom) if denom > 0 else None
+
+
+def mean_row_cosine(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Mean over rows of cos(x_i, y_i), rows of zero norm left out."""
+    x, y = x.astype(np.float64), y.astype(np.float64)
+    norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+    keep = norms > 0
+    return float(((x * y).sum(1)[keep] / norms[keep]).mean()) if keep.any() else None
+
+
+def alike(run: Run, base: Run) -> dict[str, float | None]:
+    """L1's numbers for a run against a same-seed run with two matrices: CKA and mean row cosine of the run's
+    input matrix against the base's output and input matrices, over the sampled tokens both have (rows.npz)."""
+    keys = ("alike_cka_output", "alike_cka_input", "alike_row_cos_output", "alike_row_cos_input")
+    if run.rows is None or base.rows is None or base.rows[3] is None:
+        return dict.fromkeys(keys)
+    _, ids, x, _ = run.rows
+    _, base_ids, base_in, base_out = base.rows
+    common, at, base_at = np.intersect1d(ids, base_ids, return_indices=True)
+    if len(common) < 2 or x.shape[1] != base_in.shape[1]:
+        return dict.fromkeys(keys)
+    x, base_in, base_out = x[at], base_in[base_at], base_out[base_at]
+    return dict(
+        zip(
+            keys,
+            (
+                linear_cka(x, base_out),
+                linear_cka(x, base_in),
+                mean_row_cosine(x, base_out),
+                mean_row_cosine(x, base_in),
+            ),
+        )
+    )
+
+
+def early_path_ratio(run: Run) -> float | None:
+    """|G_out| / |G_in| on the token matrices early on: the geometric mean of grad_norm_out / grad_norm_in over the
+    diag steps in the first EARLY_FRACTION of the run; None without them."""
+    logs = [math.log(out / inp) for step, inp, out in run.paths if step <= EARLY_FRACTION * run.steps and inp > 0 < out]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def alike_claims(pairs: list[Comparison], tied: str, untied: str, margin) -> list[Claim]:
+    """L1 (literature): per seed, CKA(tied matrix, untied output matrix) - CKA(tied matrix, untied input matrix)
+    over rows.npz's sampled tokens; above zero."""
+    rows = []
+    for c in pairs:
+        measured = [alike(a, b) for a, b in paired(c.group, c.base, lambda r: r)]
+        values = [
+            out - inp
+            for m in measured
+            if (out := m["alike_cka_output"]) is not None and (inp := m["alike_cka_input"]) is not None
+        ]
+        measured = [m for m in measured if m["alike_cka_output"] is not None and m["alike_cka_input"] is not None]
+        if not measured:
+            continue
+        means = {k: mean_text(mean_ci(m[k] for m in measured)) for k in measured[0]}
+        early = mean_ci(early_path_ratio(r) for r in c.group.runs)
+        shown = (
+            f"CKA to {untied}'s output {means['alike_cka_output']}, input {means['alike_cka_input']}; row cos to output "
+            f"{means['alike_row_cos_output']}, input {means['alike_row_cos_input']}; {tied}'s early |G_out|/|G_in| "
+            f"{mean_text(early)} (first {EARLY_FRACTION:.0%} of steps)"
+        )
+        rows.append(
+            tested(
+                "L1",
+                c.group.label,
+                "results.csv (alike_* columns)",
+                values,
+                +1,
+                margin,
+                lambda ci, s=shown: f"ΔCKA output - input {ci_text(ci)}; {s}",
+            )
+        )
+    return rows or [
+        missing(
+            "L1", f"{tied} and {untied} runs of the same size and seeds with rows.npz (diag.geometry, tiecli since L1)"
+        )
     ]

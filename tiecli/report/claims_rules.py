@@ -32,6 +32,8 @@ C1_CLAIMED_SHARE = (0.15, 0.30)
 SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05, "drift": 10.0, "gnorm": 10.0, "spikes": 1.0}
 # R4 (pairs): the smallest excess share of related pairs in the claimed opposition that matters (see its rule)
 R4_PAIRS_SESOI = 0.02
+# R4 (cancellation): the smallest excess cancelled fraction of the paths' step along related pairs that matters
+R4_CANCEL_SESOI = 0.02
 UNTIED_INIT = "untied_init"
 EPOCH_TOLERANCE = 0.01  # one epoch, up to the last batch's rounding (steps = ceil(tokens / tokens per step))
 LADDER = " -> "  # joins the labels of a ladder of scales, smallest first  # untied, W_out starting as a copy of W_in: its in/out distance is 0 at step 0
@@ -75,6 +77,18 @@ CLAIM_RULES = {
     "whole interval over seeds inside +-2 points, which a real opposition of that size would not give. Shown, not "
     "judged: the input path's pull share and the output path's push share, each minus the null's (which path carries an "
     "effect: the claimed share can rise with one path alone).",
+    "R4 (cancellation)": "the article's own quantity, magnitudes not signs: at each diagnostics step, for each "
+    "related-form pair, each path's component s along the pair's difference (as R4 (pairs)), read through Adam's step "
+    "size lr / (sqrt(v_hat) + eps) of the matrix it lands on (v_hat: the second moment the coming step uses; tied: "
+    "both paths through the shared matrix's, so their sum is the momentum-free step the matrix takes); cancelled "
+    "fraction = 1 - sum |s_in + s_out| / sum (|s_in| + |s_out|), summed over pairs and diagnostics steps (a step "
+    "counts by how far the paths move the pairs). The null: the frequency-matched random pairs, reweighted at each "
+    "step to the related pairs' distribution of cos(w[a], w[b]) (8 quantile bins; a bin with under 8 null pairs "
+    "is left out, with its related pairs). Per run the excess = related - null; per seed the tied run's excess "
+    "minus the untied run's (same size and seed: the control, where nothing is shared and nothing cancels in "
+    f"fact); t-interval over seeds, claimed above 0, SESOI {R4_CANCEL_SESOI:g}. Shown, not judged: each mode's "
+    "excess, on Adam's step and on the raw gradients. Cannot say: how Adam's momentum, which spreads each step's "
+    "gradient over later steps, moves the weights.",
     "R3": "untied runs, last geometry entry: related-form contrast of the input matrix minus that of the output matrix "
     "(contrast = pair cosine - the cosine of frequency-matched random pairs); claimed above 0, SESOI cos.",
     "C2/C7": "untied and untied_init runs (tied: one matrix, close by construction): per seed ΔCKA = linear CKA(W_in, W_out) "
@@ -119,12 +133,21 @@ CLAIM_RULES = {
     "loss (metrics.jsonl's fixed windows) where its train_eval_loss first falls to the higher of the two runs' final "
     "train_eval_loss, linear between evaluations; claimed below 0, SESOI ppl.",
     "C2/C7 drift": "per seed, log(drift of the tied run's shared matrix / drift of the untied run's input matrix wte), same "
-    "size and seed; drift = |W - W0|_F / |W0|_F over the rows of tokens seen in training, at the last geometry entry; "
+    "size and seed; drift = the scale-free drift_unit = |U - U0|_F / |U0|_F of the row-normalised matrix (U: each row "
+    "w / |w|) over the rows of tokens seen in training, at the last geometry entry (norm growth alone does not move it; "
+    "the norm-based |W - W0|_F / |W0|_F is shown); "
     "t-interval, shown as the ratio exp(.) with the bounds transformed alike. Article C says tying reduces drift: claimed "
     "below 0, SESOI drift (10% by default: under Adam a matrix's drift grows roughly in proportion to its learning rate, "
     "so a smaller difference is less than a tenth of what one step of a learning-rate grid, a factor of 2-3, makes). "
     "Mechanism to read it by: the tied matrix gets the output path's gradient at every row every step, the untied input "
     "matrix only at the rows of tokens in the batch; untied's output matrix's drift is shown alongside.",
+    "L1": "from the literature (arXiv 2603.26663), not from the two articles: tied and untied runs of one size and "
+    "seed (same init, same batches); rows.npz's fixed sample of the final matrices (the most frequent training tokens' "
+    "rows, float16); per seed ΔCKA = linear CKA(tied matrix, untied output matrix) - CKA(tied matrix, untied input "
+    "matrix) over the sampled rows; claimed above 0 (the tied matrix resembles the output matrix more), SESOI cka. "
+    "At step 0 the tied matrix IS the untied input matrix (one draw per seed), so the claim must overcome the shared "
+    "init. Shown, not judged: the mean row cosines to either matrix and the tied run's early |G_out| / |G_in| "
+    "(geometric mean over the first 20% of steps: the study's mechanism, output-side gradients dominating early).",
     "C2 stability (spikes)": f"per seed, tied - untied number of loss spikes over the run; a spike: a logged train loss "
     f"(metrics.jsonl, the mean since the previous log line) above {SPIKE_FACTOR:g} x the median of the up to "
     f"{SPIKE_WINDOW} logged losses before it, from the fourth logged loss on. Article C says tying stabilises training: "
@@ -150,6 +173,8 @@ TEXTS = {
     "R4": "global figure: the two paths' gradients anti-aligned over the whole matrix (more than two unrelated paths)",
     "R4 (pairs)": "with tying, along related-form differences the output path pushes apart and the input path pulls "
     "together, more than along matched random pairs",
+    "R4 (cancellation)": "with tying, the two paths' updates cancel along related-form differences, more than along "
+    "matched random pairs and more than in the untied control",
     "R3": "input embeddings pull related forms together, the output matrix pushes them apart",
     "C2/C7": "tying keeps the input and output spaces close: without the tie they move apart",
     "R6": "untie and the loss converges faster",
@@ -162,7 +187,9 @@ TEXTS = {
     "R5": "with lots of data untying wins: the tied-vs-untied gap rises with tokens seen",
     "R5/C2 gap": "tying regularises: a smaller generalisation gap (val - train loss) than untied",
     "R5/C2 gap (equal fit)": "tying regularises: a smaller gap than untied at the same training loss",
-    "C2/C7 drift": "tying reduces embedding drift: the input token matrix moves less from its initialisation",
+    "C2/C7 drift": "tying reduces embedding drift: the input token matrix's rows turn less from their initialisation",
+    "L1": "(literature, arXiv 2603.26663) a tied matrix ends up resembling the untied model's output matrix more "
+    "than its input matrix",
     "C2 stability (spikes)": "tying stabilises training: fewer loss spikes",
     "C2 stability (grad norm)": "tying stabilises early training: a steadier gradient norm",
     "C2 stability (divergence)": "tying stabilises training: fewer runs diverge at high learning rates",

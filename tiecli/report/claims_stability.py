@@ -109,20 +109,26 @@ def log_ratios(c: Comparison, value) -> list[float]:
 
 
 def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[Claim]:
-    """C2/C7 drift: the input-side token matrix's relative drift, tied (the shared matrix) over untied (wte)."""
+    """C2/C7 drift: the input-side token matrix's scale-free drift (drift_unit, of the row-normalised matrix), tied
+    (the shared matrix) over untied (wte); the norm-based drift shown."""
     rows = []
     for c in pairs:
-        values = log_ratios(c, lambda r: r.diag.get("drift_input"))
+        values = log_ratios(c, lambda r: r.diag.get("drift_unit_input"))
         if values:
-            tied_in, untied_in, untied_out = (
+            tied_in, untied_in, untied_out, norm_tied, norm_untied = (
                 mean_text(mean_ci(r.diag.get(key) for r in runs))
                 for runs, key in (
+                    (c.group.runs, "drift_unit_input"),
+                    (c.base.runs, "drift_unit_input"),
+                    (c.base.runs, "drift_unit_output"),
                     (c.group.runs, "drift_input"),
                     (c.base.runs, "drift_input"),
-                    (c.base.runs, "drift_output"),
                 )
             )
-            shown = f"drift {tied} {tied_in}, {untied} input {untied_in} (output {untied_out})"
+            shown = (
+                f"row-normalised drift {tied} {tied_in}, {untied} input {untied_in} (output {untied_out}); "
+                f"|W - W0|/|W0| {tied} {norm_tied}, {untied} input {norm_untied}"
+            )
             rows.append(
                 tested(
                     "C2/C7 drift",
@@ -135,7 +141,11 @@ def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> lis
                 )
             )
     return rows or [
-        missing("C2/C7 drift", f"{tied} and {untied} runs with geometry at step 0 and later (diag.geometry)")
+        missing(
+            "C2/C7 drift",
+            f"{tied} and {untied} runs with drift_unit in geometry.json (diag.geometry; `tiecli geometry RUN --write` "
+            "adds it to the last entry of a run that kept its checkpoints)",
+        )
     ]
 
 

@@ -43,8 +43,18 @@ TRAINING_DIAG = (
         for null in ("", "_null")
     ),
     "pair_claimed_null_sd",
+    # R4 (cancellation) (tiecli/cancellation.py): per-step means whose ratio over training is the cancelled fraction
+    *(
+        f"pair_cancel_{kind}{null}_{part}"
+        for kind in ("grad", "adam")
+        for null in ("", "_null")
+        for part in ("num", "den")
+    ),
+    "pair_cancel_cover",
+    "pair_row_cos",
+    "pair_row_cos_null",
 )
-SIDE_DIAG = ("drift", "anisotropy", "effective_rank", "forms_contrast")
+SIDE_DIAG = ("drift", "anisotropy", "effective_rank", "forms_contrast", "drift_unit")
 AGREEMENT_DIAG = ("cka", "knn_overlap", "row_cosine", "distance")
 FLOPS_PER_PARAM_TOKEN = 6  # forward and backward: 2 + 4 FLOPs per matmul parameter per token (Kaplan et al. 2020)
 
@@ -94,6 +104,10 @@ class Run:
     curve: list[tuple[int, int, float]]  # (step, tokens, in-training val loss)
     fit: list[tuple[float, float]]  # (train_eval_loss, val_loss) of each metrics.jsonl row with both, in step order
     grad: list[tuple[int, float]]  # (step, grad_cos)
+    # (step, grad_norm_in, grad_norm_out) of each diag step: the two paths' gradient norms on the token matrices
+    paths: list[tuple[int, float, float]]
+    # rows.npz (RunReader.row_sample): (step, token ids, input rows, output rows or None when one matrix), or None
+    rows: tuple | None
     drift: list[tuple[int, float | None, float | None]]  # (step, input drift, output drift; None when tied)
     spectra: tuple[list[float], list[float]] | None  # singular values (input, output) at the last geometry entry
     tied_geometry: bool
@@ -167,6 +181,7 @@ def load_run(path: Path) -> Run:
         if not (path / METRICS).is_file():
             raise Skip(f"{METRICS} does not exist")
         metrics, entries, evals, final = reader.metrics(), reader.geometry(), reader.evals(), reader.final_val()
+        sample = reader.row_sample()
     except FormatError as e:
         raise Skip(reason(e, reader.name)) from None
     if not final:
@@ -201,6 +216,12 @@ def load_run(path: Path) -> Run:
                 if r.val_loss is not None and r.train_eval_loss is not None
             ],
             grad=[(r.step, cast(float, r.diag["grad_cos"])) for r in metrics if _number(r.diag.get("grad_cos"))],
+            paths=[
+                (r.step, cast(float, r.diag["grad_norm_in"]), cast(float, r.diag["grad_norm_out"]))
+                for r in metrics
+                if _number(r.diag.get("grad_norm_in")) and _number(r.diag.get("grad_norm_out"))
+            ],
+            rows=sample,
             drift=[(e.step, e.input.get("drift"), None if e.tied else e.output.get("drift")) for e in entries],
             spectra=(entries[-1].input["singular_values"], entries[-1].output["singular_values"]) if entries else None,
             tied_geometry=bool(entries) and entries[-1].tied,
@@ -270,6 +291,7 @@ def diagnostics(metrics: list[MetricsRow], entries: list[GeometryEntry]) -> dict
     for side in ("input", "output"):
         measured = getattr(last, side) if last else {}
         out |= {f"{key}_{side}": measured.get(key) for key in SIDE_DIAG}
+    out |= cancelled_fractions(out)
     agreement = (last.agreement if last else None) or {}
     start = (entries[0].agreement if entries and entries[0].step == 0 else None) or {}
     return (
@@ -277,6 +299,20 @@ def diagnostics(metrics: list[MetricsRow], entries: list[GeometryEntry]) -> dict
         | {key: agreement.get(key) for key in AGREEMENT_DIAG}
         | {f"{key}_init": start.get(key) for key in AGREEMENT_DIAG}
     )
+
+
+def cancelled_fractions(means: dict) -> dict[str, float | None]:
+    """R4 (cancellation) accumulated over training: 1 - sum |s_in + s_out| / sum (|s_in| + |s_out|) over the diag
+    steps (the per-step means' ratio, tiecli/cancellation.py), for the related pairs, the matched null, and the
+    excess, for the raw gradients (grad) and Adam's step (adam)."""
+    out: dict[str, float | None] = {}
+    for kind in ("grad", "adam"):
+        for null in ("", "_null"):
+            num, den = means.get(f"pair_cancel_{kind}{null}_num"), means.get(f"pair_cancel_{kind}{null}_den")
+            out[f"pair_cancel_{kind}{null}"] = 1 - num / den if num is not None and den else None
+        forms, null_value = out[f"pair_cancel_{kind}"], out[f"pair_cancel_{kind}_null"]
+        out[f"pair_cancel_{kind}_excess"] = None if forms is None or null_value is None else forms - null_value
+    return out
 
 
 def diverged_run(path: Path) -> DivergedRun | None:

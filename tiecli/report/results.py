@@ -6,6 +6,7 @@ import io
 from collections import Counter
 from dataclasses import asdict
 
+from tiecli.report.claims_embedding import alike, early_path_ratio
 from tiecli.report.claims_stability import Outcome
 from tiecli.report.compare import Comparison, EqualParams
 from tiecli.report.groups import Group
@@ -51,7 +52,7 @@ def claim_inputs(r: Run, c: Comparison | None) -> dict:
     (R5/C2 gap (equal fit)): the train loss both runs reach, each run's val - train gap there."""
     base = next((b for b in c.base.runs if b.seed == r.seed), None) if c else None
     if c is None or base is None:
-        return {}
+        return {"early_out_in": early_path_ratio(r)}
     level = max(r.fit[-1][0], base.fit[-1][0]) if r.fit and base.fit else None
     loss, base_loss = final_loss(r, c.split), final_loss(base, c.split)
     return {
@@ -61,6 +62,8 @@ def claim_inputs(r: Run, c: Comparison | None) -> dict:
         "equal_fit_train_loss": level,
         "equal_fit_gap": gap_at(r.fit, level) if level is not None and len(r.fit) > 1 else None,
         "baseline_equal_fit_gap": gap_at(base.fit, level) if level is not None and len(base.fit) > 1 else None,
+        "early_out_in": early_path_ratio(r),
+        **alike(r, base),  # L1: this run's input matrix against the baseline run's two
     }
 
 
@@ -162,12 +165,17 @@ def results_json(baseline: str, rules: dict, rows: list[dict], claims: list, ski
 
 # Columns added after reports were first committed, in the order added: results.csv puts them (and a group's
 # _mean, _sd, _low, _high of them) after every other column, so an earlier results.csv is a prefix of each line.
-LATER_COLUMNS = ("grad_norm_excursions",)
+# A name ending in "_" stands for every column it starts (R4 (cancellation)'s, drift_unit's, L1's).
+LATER_COLUMNS = ("grad_norm_excursions", "pair_cancel_", "pair_row_cos", "drift_unit_", "alike_", "early_out_in")
 
 
 def later(field: str) -> int | None:
     """The place of a field in LATER_COLUMNS (a group's interval of one included), None for an earlier column."""
-    return next((i for i, name in enumerate(LATER_COLUMNS) if field == name or field.startswith(name + "_")), None)
+
+    def is_of(name: str) -> bool:
+        return field.startswith(name) if name.endswith("_") else field == name or field.startswith(name + "_")
+
+    return next((i for i, name in enumerate(LATER_COLUMNS) if is_of(name)), None)
 
 
 def csv_text(rows: list[dict]) -> str:

@@ -17,6 +17,7 @@ CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = (
     "eval.json",
 )
 GEOMETRY, LOCK, TRACKERS = "geometry.json", ".lock", "trackers.json"
+ROW_SAMPLE = "rows.npz"  # a fixed sample of the token matrices' rows at the last geometry step, float16
 CHECKPOINT = Path("checkpoints") / "last.pt"
 INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
 SNAPSHOTS = Path("checkpoints") / "emb"

@@ -1,7 +1,10 @@
 """RunReader: typed, validated reading of one run directory, and nothing else."""
 
 import json
+import zipfile
 from pathlib import Path
+
+import numpy as np
 
 from tiecli.errors import TiecliError
 from tiecli.run.files import FormatError, is_locked, read_json, read_yaml
@@ -14,6 +17,7 @@ from tiecli.run.layout import (
     LOCK,
     METRICS,
     OVERRIDES,
+    ROW_SAMPLE,
     SNAPSHOTS,
     SUMMARY,
     TRACKERS,
@@ -122,6 +126,19 @@ class RunReader:
         """The full validation split's metrics: eval.json's val, else summary.json's final_val."""
         val = self.evals().get("val")
         return val.brief() if val else self.summary().final_val
+
+    def row_sample(self) -> tuple[int, np.ndarray, np.ndarray, np.ndarray | None] | None:
+        """rows.npz: (step, token ids (n,), input rows (n, C), output rows (n, C) or None when the mode has one
+        matrix), float16 as stored; None when the run has none (trained before tiecli wrote it, or diag.geometry off)."""
+        path = self.path / ROW_SAMPLE
+        if not path.is_file():
+            return None
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                output = f["output"] if "output" in f.files else None
+                return int(f["step"]), f["ids"], f["input"], output
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            raise FormatError(f"run {self.name}: {ROW_SAMPLE} is not a readable row sample ({e})") from None
 
     def snapshot_steps(self) -> list[int]:
         return _steps(self.path / SNAPSHOTS)

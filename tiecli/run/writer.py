@@ -1,5 +1,6 @@
 """RunWriter: the one writer of a run directory, and the listeners it hands each record to."""
 
+import io
 import json
 import os
 import shutil
@@ -8,6 +9,8 @@ import typing
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+
+import numpy as np
 
 from tiecli.errors import TiecliError
 from tiecli.run.files import UMASK, FormatError, Lock, atomic_write, is_locked, remove_temporaries, write_json
@@ -21,6 +24,7 @@ from tiecli.run.layout import (
     KEPT,
     LOCK,
     METRICS,
+    ROW_SAMPLE,
     SNAPSHOTS,
     SUMMARY,
     TRACKERS,
@@ -175,6 +179,17 @@ class RunWriter:
         for old in steps[: max(0, len(steps) - keep)]:
             (self.path / KEPT / f"step_{old}.pt").unlink(missing_ok=True)
 
+    def row_sample(self, step: int, ids: np.ndarray, input_rows: np.ndarray, output_rows: np.ndarray | None) -> None:
+        """rows.npz, replacing the previous step's: token ids and their rows of the input and (when the mode has
+        two matrices) the output matrix, as float16, the compact record two runs' matrices are compared by."""
+        step_, ids_, input_ = np.array(step, dtype=np.int64), ids.astype(np.int32), input_rows.astype(np.float16)
+        buffer = io.BytesIO()
+        if output_rows is None:
+            np.savez_compressed(buffer, step=step_, ids=ids_, input=input_)
+        else:
+            np.savez_compressed(buffer, step=step_, ids=ids_, input=input_, output=output_rows.astype(np.float16))
+        atomic_write(self.path / ROW_SAMPLE, buffer.getvalue())
+
     def remove_snapshot(self, step: int) -> None:
         """Delete one step's token-matrix snapshot (train thins them to diag.max_snapshots)."""
         (self.path / SNAPSHOTS / f"step_{step}.pt").unlink(missing_ok=True)
@@ -195,6 +210,9 @@ class RunWriter:
         for step in self.reader.kept_steps():
             if step > last_step:
                 (self.path / KEPT / f"step_{step}.pt").unlink()
+        sample = self.reader.row_sample()
+        if sample is not None and sample[0] > last_step:
+            (self.path / ROW_SAMPLE).unlink()
         if last_step < 0:
             (self.path / EVAL).unlink(missing_ok=True)
 
