@@ -42,7 +42,7 @@ def test_tied_then_untied_is_tied_until_the_switch_then_two_matrices_that_start_
     model, tied = GPT(config("tied_then_untied"), seed=1), GPT(config("tied"), seed=1)
     opt, opt_tied = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, tied))
     emb = model.emb
-    assert emb.shared and emb.one_matrix and not emb.is_untied
+    assert emb.shared and emb.one_matrix and emb.untie_pending
     for seed in range(3):  # the tied phase trains exactly as tied: lm_head idle, no gradient, no AdamW state
         assert torch.equal(adamw_step(model, opt, seed), adamw_step(tied, opt_tied, seed))
         assert emb.lm_head.grad is None and emb.lm_head not in opt.state
@@ -75,9 +75,9 @@ def test_the_phase_travels_with_the_weights_into_checkpoints_and_snapshots():
     adamw_step(model, opt, 1)
     fresh = GPT(config("tied_then_untied"), seed=5)
     fresh.load_state_dict(model.state_dict())
-    assert fresh.emb.is_untied and torch.equal(fresh(*batch(3)), model(*batch(3)))
+    assert not fresh.emb.untie_pending and torch.equal(fresh(*batch(3)), model(*batch(3)))
     fresh.load_state_dict(tied_state)  # and back: a snapshot from before the switch is one matrix again
-    assert not fresh.emb.is_untied and fresh.emb.one_matrix
+    assert fresh.emb.untie_pending and fresh.emb.one_matrix
     assert torch.equal(fresh.emb.output_matrix(), fresh.emb.wte)
 
 

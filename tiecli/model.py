@@ -4,8 +4,8 @@
 Everything about tying lives in `Embeddings`: one branch per mode, each building its own
 parameters, and two methods that give the effective (V, C) input and output matrices. The
 transformer body is nanoGPT's: pre-LayerNorm blocks, causal self-attention through SDPA,
-a 4x GELU MLP, learned positions. The file reads top down: config, blocks, the tied or untied token
-matrices, GPT; the loss goes through the fused head, and a shared matrix through the gradient fork,
+a 4x GELU MLP, learned positions (and, with embedding_norm, an RMSNorm before the first block).
+The file reads top down: config, blocks, the tied or untied token matrices, GPT; the loss goes through the fused head, and a shared matrix through the gradient fork,
 both in tiecli/head.py.
 """
 
@@ -230,7 +230,8 @@ class Embeddings(nn.Module):
         # untied, tied_then_untied: the field's own inits (docs/configuration.md); None keeps init_std
         self.embedding_std = config.embedding_std if config.embedding_std is not None else self.init_std
         self.output_std = config.output_std if config.output_std is not None else self.init_std
-        self.is_untied = self.mode != "tied_then_untied"  # a Python mirror of the `untied` buffer: compile guards on it
+        # tied_then_untied before untie(): the `untied` buffer's mirror, a Python bool that compile guards on
+        self.untie_pending = self.mode == "tied_then_untied"
         self.input_scale = 1.0
         self.logit_scale = 1.0
         if self.mode in ("untied", "untied_init"):
@@ -288,17 +289,17 @@ class Embeddings(nn.Module):
         return self
 
     def _read_phase(self) -> None:
-        self.is_untied = bool(self.untied)
+        self.untie_pending = not bool(self.untied)
 
     @torch.no_grad()
     def untie(self) -> None:
         """tied_then_untied: from now on wte is the input embedding and lm_head, a copy of it, the output
         matrix. Both start equal, so the logits and loss do not change at the switch; only the gradients
         stop summing. The optimizer's state goes with it (tiecli/optim.py:untie)."""
-        assert self.mode == "tied_then_untied" and not self.is_untied
+        assert self.untie_pending
         self.lm_head.copy_(self.wte)
         self.get_buffer("untied").fill_(True)
-        self.is_untied = True
+        self.untie_pending = False
 
     def split_grads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(G_in, G_out) of a shared wte, summed over the backward passes since clear_split_grads; else None."""
@@ -328,14 +329,12 @@ class Embeddings(nn.Module):
     @property
     def shared(self) -> bool:
         """Whether some parameter feeds both the input and the output side (now: tied_then_untied's phase)."""
-        if self.mode == "tied_then_untied":
-            return not self.is_untied
-        return "shared" in self.roles.values()
+        return self.untie_pending or "shared" in self.roles.values()
 
     @property
     def one_matrix(self) -> bool:
         """Whether the effective input and output matrices are one tensor (scales and bias aside)."""
-        return self.mode in ("tied", "tied_bias", "scaled") or (self.mode == "tied_then_untied" and not self.is_untied)
+        return self.mode in ("tied", "tied_bias", "scaled") or self.untie_pending
 
     def _sides(self) -> tuple[torch.Tensor, torch.Tensor]:
         """wte as the input side and as the output side use it: through the fork when shared."""
@@ -347,7 +346,7 @@ class Embeddings(nn.Module):
         return torch.cat([w_in, self.wte_own], dim=1) if self.mode == "partial" else w_in
 
     def _output_matrix(self, w_out: torch.Tensor) -> torch.Tensor:
-        if self.mode in ("untied", "untied_init") or (self.mode == "tied_then_untied" and self.is_untied):
+        if self.mode in ("untied", "untied_init", "tied_then_untied") and not self.untie_pending:
             return self.lm_head
         if self.mode == "partial":
             return torch.cat([w_out, self.lm_head_own], dim=1)
