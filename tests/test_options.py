@@ -9,7 +9,7 @@ from conftest import TINY
 from helpers import one_line_error, tiecli
 from test_train import GET_BATCH, interrupt_at_batch, metrics, setup
 
-from tiecli import optim, train
+from tiecli import diagnostics, optim, train
 from tiecli.checkpoint import load_embeddings
 from tiecli.model import GPT, GPTConfig
 from tiecli.run.layout import CHECKPOINT, INIT_CHECKPOINT, SNAPSHOTS
@@ -64,6 +64,28 @@ def test_tied_then_untied_is_tied_until_the_switch_then_two_matrices_that_start_
     assert g_out is not None and emb.wte.grad is not None and not torch.equal(g_out, emb.wte.grad)
     opt.step()
     assert not torch.equal(emb.lm_head, emb.wte)  # from here the two move apart
+
+
+def test_the_gradient_split_reads_the_one_matrix_then_the_two():
+    """diagnostics' two paths: the fork's sinks of the shared wte before the switch (summing to its
+    gradient), the two matrices' own gradients after it; R4's pair geometry follows the same matrices."""
+    model = GPT(config("tied_then_untied"), seed=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    emb = model.emb
+    model(*batch(0)).backward()
+    g_in, g_out = diagnostics.gradient_paths(emb)
+    assert emb.wte.grad is not None and torch.allclose(g_in + g_out, emb.wte.grad, atol=1e-7)
+    w_in, w_out = diagnostics.path_matrices(emb)
+    assert w_in is emb.wte and w_out is emb.wte
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    emb.clear_split_grads()
+    optim.untie(model, opt)
+    model(*batch(1)).backward()
+    g_in, g_out = diagnostics.gradient_paths(emb)
+    assert g_in is emb.wte.grad and g_out is emb.lm_head.grad
+    w_in, w_out = diagnostics.path_matrices(emb)
+    assert w_in is emb.wte and w_out is emb.lm_head
 
 
 def test_the_phase_travels_with_the_weights_into_checkpoints_and_snapshots():
