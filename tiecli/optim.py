@@ -52,7 +52,7 @@ def lr_at(step: int, c: Config) -> float:
 
 
 def untie_step(c: Config) -> int | None:
-    """tied_then_untied: the step before which the one matrix becomes two, round(untie_at x max_steps); else None.
+    """tied_then_untied: how many steps train the one matrix, round(untie_at x max_steps), before it is two; else None.
 
     A fraction, as the schedule's warmup is: a resume that extends max_steps before the switch moves
     it with the schedule; after it the model stays untied (the phase is in its weights)."""

@@ -147,7 +147,7 @@ def fit(
         step_start = time.perf_counter()
         state.wall_time += step_start - tick  # everything between steps too: logging, evaluation, checkpoints
         tick = step_start
-        if switch is not None and model.emb.untie_pending and state.step >= switch:  # tied_then_untied's
+        if switch is not None and model.emb.untie_pending and state.step >= switch:  # tied_then_untied's switch
             untie(model, optimizer)
             progress.plain(f"step {state.step}: the shared matrix is now two (tying.untie_at={c.model.untie_at})")
         lr = lr_at(state.step, c)
