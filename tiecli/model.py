@@ -218,8 +218,9 @@ class Embeddings(nn.Module):
     the diagnostics on or off.
 
     The matrices are drawn from `generator` (the global RNG when None) in the order declared, wte
-    first, so for one generator seed untied, untied_init, tied, tied_bias and hybrid all start from
-    the same wte (scaled draws it with its own std, partial narrower).
+    first, so for one generator seed untied, untied_init, tied, tied_bias, hybrid and tied_then_untied
+    all start from the same wte (scaled draws it with its own std, partial narrower, and embedding_std
+    scales it).
     """
 
     def __init__(self, config: GPTConfig, generator: torch.Generator | None = None):
