@@ -76,7 +76,7 @@ def test_default_name_comes_from_the_choices_and_seed(isolated):
     [
         (
             ["tying=glued"],
-            "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init",
+            "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, tied_then_untied, untied, untied_init",
         ),
         (["train.lrr=0.1"], "unknown config key 'train.lrr'"),
         (["model=nano,micro"], "is a sweep"),

@@ -53,11 +53,14 @@ def test_token_budget_sets_steps():
     [
         (
             ["tying=glued"],
-            "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, untied, untied_init",
+            "unknown tying 'glued'; valid choices: hybrid, partial, scaled, tied, tied_bias, tied_then_untied, untied, untied_init",
         ),
         (["model=huge"], "unknown model 'huge'; valid choices: gpt2, medium, micro, nano, small, tiny"),
         (["train.lrr=1"], "unknown config key 'train.lrr'; valid keys under 'train': batch_size"),
-        (["tying=untied", "tying.rank=4"], "unknown config key 'tying.rank'; valid keys under 'tying': mode"),
+        (
+            ["tying=untied", "tying.rank=4"],
+            "unknown config key 'tying.rank'; valid keys under 'tying': embedding_std, mode, output_std",
+        ),
         (["sede=1"], "unknown config key 'sede'; valid keys at the top level"),
         (["model=nano,micro"], "is a sweep"),
         (["seed=range(0,3)"], "is a sweep"),

@@ -142,6 +142,37 @@ def test_two_ranks_train_as_one_stop_together_and_resume_exactly(tmp_path):
 
 
 @pytest.mark.slow
+def test_tied_then_untied_trains_under_two_ranks_as_in_one_process(tmp_path):
+    """Before the switch lm_head gets no gradient, which DDP must be told to look for (else the second step
+    waits forever for it); after it both matrices are reduced. Two ranks match one process at every row."""
+    args = [*RUN, f"data.path={tmp_path / 'tiny.txt'}", "train.max_steps=12", "tying=tied_then_untied"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the ranks: another thread count sums in another order
+    for name, nproc in (("two", ["--nproc", "2"]), ("one", [])):
+        done = subprocess.run(
+            [sys.executable, "-m", "tiecli", "train", *nproc, *args, "tying.untie_at=0.5", "--name", name],
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    single, double = rows(tmp_path / "runs" / "one"), rows(tmp_path / "runs" / "two")
+    assert single.keys() == double.keys() and max(single) == 12
+    for step, row in single.items():
+        for key in ("loss", "val_loss", "grad_cos", "grad_norm_in", "grad_norm_out"):
+            if key in row:
+                assert double[step][key] == pytest.approx(row[key], rel=1e-6), (step, key)
+    one, two = (
+        torch.load(tmp_path / "runs" / n / "checkpoints" / "last.pt", weights_only=True)["model"]
+        for n in ("one", "two")
+    )
+    assert one["emb.untied"] and two["emb.untied"]
+    assert torch.allclose(one["emb.lm_head"], two["emb.lm_head"], atol=1e-6) and not torch.equal(
+        two["emb.lm_head"], two["emb.wte"]
+    )
+
+
+@pytest.mark.slow
 def test_a_dead_rank_makes_the_others_fail_not_hang(tmp_path):
     args = [*RUN, f"data.path={tmp_path / 'tiny.txt'}", "train.max_steps=500"]
     procs = start_ranks([*args, "--name", "dead"], [tmp_path, tmp_path], tmp_path)

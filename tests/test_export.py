@@ -36,12 +36,15 @@ MODE_OVERRIDES = {
 }
 
 
-def fake_run(path, mode, *extra):
+def fake_run(path, mode, *extra, untie=False):
     """A run directory holding config.yaml and a last.pt with random weights: every parameter, lm_u and
-    lm_bias included (zero at init), is non-trivial, so a wrong mapping cannot hide behind a zero."""
+    lm_bias included (zero at init), is non-trivial, so a wrong mapping cannot hide behind a zero.
+    untie: tied_then_untied past its switch."""
     cfg, _ = compose([*SHAPE, *MODE_OVERRIDES.get(mode, [f"tying={mode}"]), *extra])
     run_config = to_config(cfg)
     model = GPT(run_config.model, seed=3)
+    if untie:
+        model.emb.untie()
     with torch.no_grad():
         g = torch.Generator().manual_seed(7)
         for p in model.parameters():
@@ -77,7 +80,7 @@ def test_every_mode_reloads_with_the_same_logits(tmp_path, mode):
     idx = torch.randint(256, (3, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (hf(idx).logits - model(idx)).abs().max().item() < 1e-5
-    one_matrix = mode in ("tied", "scaled")
+    one_matrix = mode in ("tied", "scaled", "tied_then_untied")  # fake_run's tied_then_untied is before its switch
     assert hf.config.tie_word_embeddings is one_matrix
     # the tie survives saving and loading: one tensor, not two equal copies
     assert (hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()) is one_matrix
@@ -89,6 +92,26 @@ def test_every_mode_reloads_with_the_same_logits(tmp_path, mode):
     prompt = idx[:1, :4]
     out = hf.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
     assert torch.equal(out, tiecli_greedy(model, prompt, 8))
+
+
+@pytest.mark.slow
+def test_tied_then_untied_after_its_switch_exports_its_two_matrices(tmp_path):
+    model = fake_run(tmp_path / "run", "tied_then_untied", untie=True)
+    result = export(tmp_path / "run", "--to", "hf", tmp_path / "out")
+    assert result.exit_code == 0 and "logits match tiecli's" in result.output, result.output
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert not hf.config.tie_word_embeddings
+    with torch.no_grad():
+        assert torch.equal(hf.lm_head.weight, model.emb.lm_head) and torch.equal(
+            hf.transformer.wte.weight, model.emb.wte
+        )
+
+
+def test_embedding_norm_is_refused_for_hf_in_one_line(tmp_path):
+    fake_run(tmp_path / "run", "untied", "model.embedding_norm=true")
+    result = export(tmp_path / "run", "--to", "hf", tmp_path / "out")
+    assert result.exit_code == 1 and "model.embedding_norm=true cannot be exported" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ def expected_embedding_params(mode: str, k: int = C // 2, r: int = 16) -> dict:
         "tied_bias": {"input_embedding": 0, "output_matrix": V, "shared": V * C},
         "partial": {"input_embedding": V * (C - k), "output_matrix": V * (C - k), "shared": V * k},
         "hybrid": {"input_embedding": 0, "output_matrix": V * r + r * C, "shared": V * C},
+        "tied_then_untied": {"input_embedding": V * C, "output_matrix": V * C, "shared": 0},  # as it ends
     }[mode]
 
 

@@ -26,6 +26,9 @@ def params_table(counts: dict[str, int], title: str = "parameters") -> Table:
     table.add_column("share", justify="right")
     for key, label in PARAM_ROWS:
         table.add_row(label, f"{counts[key]:,}", f"{counts[key] / counts['total']:.1%}")
+    if "tied_phase_total" in counts:  # tying=tied_then_untied: before the switch lm_head is idle
+        tied = counts["tied_phase_total"]
+        table.add_row("total before untie_at", f"{tied:,}", f"{tied / counts['total']:.1%}")
     return table
 
 
@@ -56,6 +59,7 @@ def summary_table(summary) -> Table:
     embedding = p["input_embedding"] + p["output_matrix"] + p["shared"]
     rows = [
         ("parameters", f"{p['total']:,} ({embedding / p['total']:.1%} token embedding/output)"),
+        *([("parameters before untie_at", f"{p['tied_phase_total']:,}")] if "tied_phase_total" in p else []),
         ("steps", f"{summary.step:,} / {summary.max_steps:,}"),
         ("tokens", f"{summary.tokens:,}"),
         ("train time", f"{summary.train_time or 0:.1f} s ({summary.tokens_per_s or 0:,.0f} tokens/s)"),

@@ -254,12 +254,15 @@ def device(picked: torch.device) -> torch.device:
     return picked if picked.index is not None else torch.device("cuda", local_rank())
 
 
-def wrap(model: torch.nn.Module, dev: torch.device) -> torch.nn.Module:
-    """The module the training step calls: the model under DDP in a process group, else the model itself."""
+def wrap(model: torch.nn.Module, dev: torch.device, idle_parameters: bool = False) -> torch.nn.Module:
+    """The module the training step calls: the model under DDP in a process group, else the model itself.
+
+    idle_parameters: some parameter gets no gradient in some steps (tied_then_untied's lm_head before its
+    switch), which DDP must look for after each backward pass, else it waits for that gradient forever."""
     if not dist.is_initialized():
         return model
     ids = [dev.index] if dev.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=idle_parameters)
 
 
 def sync_grads(module: object, now: bool) -> None:

@@ -9,7 +9,9 @@ GPT2LMHeadModel; its Conv1D layers store Linear weights transposed. The token ma
   untied, untied_init,  wte = the effective input matrix, lm_head = the effective output matrix
   partial, hybrid       (Embeddings.input_matrix() / output_matrix(): partial's concatenations, hybrid's
                         wte + u v), tie_word_embeddings=False
+  tied_then_untied      as tied before the switch (untie_at), as untied after it: the matrices it uses at that step
   tied_bias             refused: GPT-2's lm_head has no bias, and dropping lm_bias would change every logit
+model.embedding_norm=true is refused too: GPT-2 has no norm after its embeddings.
 The tokenizer becomes tokenizer.json (a byte-level BPE with tiktoken's ids and split pattern: GPT-2's
 BPE for tokenizer=gpt2, the trained one for bpe, 256 byte tokens for bytes).
 
@@ -29,7 +31,7 @@ import torch
 from tiecli import checkpoint, tokenizer
 from tiecli.config.schema import Config
 from tiecli.errors import TiecliError
-from tiecli.model import GPT
+from tiecli.model import GPT, GPTConfig
 from tiecli.run.layout import CHECKPOINT
 from tiecli.run.reader import RunReader
 
@@ -53,11 +55,16 @@ def _needs(package: str, extra: str):
 # weights
 
 
-def check_gpt2(mode: str) -> None:
-    if mode == "tied_bias":
+def check_gpt2(config: GPTConfig) -> None:
+    if config.tying == "tied_bias":
         raise TiecliError(
             "tying mode tied_bias cannot be exported to GPT2LMHeadModel: its lm_head has no bias, so the "
             "per-token output bias would be lost and every logit would change; use --to safetensors"
+        )
+    if config.embedding_norm:
+        raise TiecliError(
+            "model.embedding_norm=true cannot be exported to GPT2LMHeadModel: GPT-2 has no norm after its "
+            "embeddings, so every logit would change; use --to safetensors"
         )
 
 
@@ -65,7 +72,7 @@ def check_gpt2(mode: str) -> None:
 def gpt2_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """GPT2LMHeadModel's weights from a tiecli model (every mode but tied_bias); scales folded in."""
     emb = model.emb
-    check_gpt2(emb.mode)
+    check_gpt2(model.config)
     state = {
         "transformer." + k: (v.T if CONV1D.fullmatch(k) else v).float().contiguous()
         for k, v in model.state_dict().items()
@@ -233,7 +240,7 @@ def export_run(run_dir: Path, config: Config, to: str, out: Path, force: bool = 
     """Export the run's last checkpoint to `out`, built in a temporary folder and renamed into place."""
     check_out(out, force)
     if to == "hf":
-        check_gpt2(config.model.tying)
+        check_gpt2(config.model)
     model, ckpt = checkpoint.load_model(run_dir / CHECKPOINT, config.model, run_dir.name)
     model.eval()
     if to == "hf":

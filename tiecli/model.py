@@ -4,8 +4,8 @@
 Everything about tying lives in `Embeddings`: one branch per mode, each building its own
 parameters, and two methods that give the effective (V, C) input and output matrices. The
 transformer body is nanoGPT's: pre-LayerNorm blocks, causal self-attention through SDPA,
-a 4x GELU MLP, learned positions. The file reads top down: config, blocks, the tied or untied token
-matrices, GPT; the loss goes through the fused head, and a shared matrix through the gradient fork,
+a 4x GELU MLP, learned positions (and, with embedding_norm, an RMSNorm before the first block).
+The file reads top down: config, blocks, the tied or untied token matrices, GPT; the loss goes through the fused head, and a shared matrix through the gradient fork,
 both in tiecli/head.py.
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from tiecli.head import Fork, linear_cross_entropy
 
-TYING_MODES = ("untied", "tied", "tied_bias", "scaled", "partial", "hybrid", "untied_init")
+TYING_MODES = ("untied", "tied", "tied_bias", "scaled", "partial", "hybrid", "untied_init", "tied_then_untied")
 
 
 @dataclass
@@ -42,6 +42,10 @@ class GPTConfig:
     scale_inputs: bool = False  # scaled: input embeddings * n_embd**0.5 (Gemma)
     shared_fraction: float = 0.5  # partial: fraction of the n_embd dimensions both sides share
     rank: int = 16  # hybrid: rank of the output matrix's independent part
+    untie_at: float = 2 / 3  # tied_then_untied: the fraction of the steps after which the one matrix becomes two
+    embedding_std: float | None = None  # untied, tied_then_untied: the input embedding's init std (None: GPT-2's)
+    output_std: float | None = None  # untied: the output matrix's init std, 0 for zeros (None: GPT-2's)
+    embedding_norm: bool = False  # RMS-normalise token + position embeddings before the first block
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):  # first: n_head=0 would divide by zero
@@ -58,6 +62,11 @@ class GPTConfig:
             raise ValueError(f"shared_fraction={self.shared_fraction} is not in [0, 1]")
         if self.tying == "hybrid" and not 1 <= self.rank <= self.n_embd:
             raise ValueError(f"rank={self.rank} is not in [1, n_embd={self.n_embd}]")
+        if self.tying == "tied_then_untied" and not 0.0 <= self.untie_at <= 1.0:
+            raise ValueError(f"untie_at={self.untie_at} is not in [0, 1] (a fraction of the steps)")
+        for name in ("embedding_std", "output_std"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0: zeros; null: GPT-2's 0.02)")
 
     @property
     def n_shared(self) -> int:
@@ -196,7 +205,11 @@ class Embeddings(nn.Module):
       scaled               wte (V, C) shared, with constant scales on either side
       partial              wte (V, k) shared, wte_own (V, C-k) input, lm_head_own (V, C-k) output
       hybrid               wte (V, C) shared, lm_u (V, r) and lm_v (r, C) output: W_out = wte + lm_u @ lm_v
-    `roles` maps each parameter name to "input", "output" or "shared".
+      tied_then_untied     wte (V, C) shared until untie(), then input; lm_head (V, C) idle until untie()
+                           copies wte into it, then output. The buffer `untied` records the phase
+    `roles` maps each parameter name to "input", "output" or "shared"; tied_then_untied's are those
+    of the untied model it becomes (its counts and learning rates; wte trains at the input
+    embedding's rate in both phases), and `shared` says which phase it is in.
 
     A shared matrix reaches its two sides through `Fork`, whose backward also leaves each side's
     gradient in a sink, so the one backward pass that trains the model yields the input-path and
@@ -205,8 +218,9 @@ class Embeddings(nn.Module):
     the diagnostics on or off.
 
     The matrices are drawn from `generator` (the global RNG when None) in the order declared, wte
-    first, so for one generator seed untied, untied_init, tied, tied_bias and hybrid all start from
-    the same wte (scaled draws it with its own std, partial narrower).
+    first, so for one generator seed untied, untied_init, tied, tied_bias, hybrid and tied_then_untied
+    all start from the same wte (scaled draws it with its own std, partial narrower, and embedding_std
+    scales it).
     """
 
     def __init__(self, config: GPTConfig, generator: torch.Generator | None = None):
@@ -214,6 +228,11 @@ class Embeddings(nn.Module):
         V, C = config.vocab_size, config.n_embd
         self.mode = config.tying
         self.init_std = token_init_std(config)
+        # untied, tied_then_untied: the field's own inits (docs/configuration.md); None keeps init_std
+        self.embedding_std = config.embedding_std if config.embedding_std is not None else self.init_std
+        self.output_std = config.output_std if config.output_std is not None else self.init_std
+        # tied_then_untied before untie(): the `untied` buffer's mirror, a Python bool that compile guards on
+        self.untie_pending = self.mode == "tied_then_untied"
         self.input_scale = 1.0
         self.logit_scale = 1.0
         if self.mode in ("untied", "untied_init"):
@@ -243,6 +262,13 @@ class Embeddings(nn.Module):
             self.lm_u = _empty(V, config.rank)
             self.lm_v = _empty(config.rank, C)
             self.roles = {"wte": "shared", "lm_u": "output", "lm_v": "output"}
+        elif self.mode == "tied_then_untied":
+            self.wte = _empty(V, C)
+            self.lm_head = _empty(V, C)
+            self.roles = {"wte": "input", "lm_head": "output"}
+            # In the state dict, so a checkpoint, init.pt and every snapshot say which phase they hold.
+            self.register_buffer("untied", torch.tensor(False))
+            self.register_load_state_dict_post_hook(lambda module, _: module._read_phase())
         self.reset_parameters(generator)
         self._make_sinks()
 
@@ -254,7 +280,7 @@ class Embeddings(nn.Module):
         otherwise turn a leaf into a copy with a history.
         """
         self.sinks: tuple[torch.Tensor, torch.Tensor] | None = None
-        if self.shared:
+        if self.shared or self.mode == "tied_then_untied":  # its untied phase leaves them unused
             zero = torch.zeros((), dtype=self.wte.dtype, device=self.wte.device)
             self.sinks = tuple(zero.expand(self.wte.shape).requires_grad_() for _ in range(2))  # type: ignore[assignment]
 
@@ -263,9 +289,22 @@ class Embeddings(nn.Module):
         self._make_sinks()
         return self
 
+    def _read_phase(self) -> None:
+        self.untie_pending = not bool(self.untied)
+
+    @torch.no_grad()
+    def untie(self) -> None:
+        """tied_then_untied: from now on wte is the input embedding and lm_head, a copy of it, the output
+        matrix. Both start equal, so the logits and loss do not change at the switch; only the gradients
+        stop summing. The optimizer's state goes with it (tiecli/optim.py:untie)."""
+        assert self.untie_pending
+        self.lm_head.copy_(self.wte)
+        self.get_buffer("untied").fill_(True)
+        self.untie_pending = False
+
     def split_grads(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(G_in, G_out) of a shared wte, summed over the backward passes since clear_split_grads; else None."""
-        if self.sinks is None or self.sinks[0].grad is None or self.sinks[1].grad is None:
+        if not self.shared or self.sinks is None or self.sinks[0].grad is None or self.sinks[1].grad is None:
             return None
         return self.sinks[0].grad, self.sinks[1].grad
 
@@ -276,29 +315,31 @@ class Embeddings(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Normal(0, init_std) in declaration order, from `generator` (the global RNG when None)."""
+        std = {"wte": self.embedding_std, "lm_head": self.output_std}
         for name, p in self.named_parameters():
             # lm_u starts at zero so hybrid's W_out starts equal to W_in, as a LoRA adapter starts at the base.
-            if name in ZERO_INIT:
+            # tied_then_untied's lm_head is idle until untie() overwrites it: zeros, no draw.
+            if name in ZERO_INIT or (self.mode == "tied_then_untied" and name == "lm_head"):
                 p.zero_()
             else:
-                p.normal_(0.0, self.init_std, generator=generator)
+                p.normal_(0.0, std.get(name, self.init_std), generator=generator)
         if self.mode == "untied_init":
             # Same starting point as tied, but free to move apart from step one.
             self.lm_head.copy_(self.wte)
 
     @property
     def shared(self) -> bool:
-        """Whether some parameter feeds both the input and the output side."""
-        return "shared" in self.roles.values()
+        """Whether some parameter feeds both the input and the output side (now: tied_then_untied's phase)."""
+        return self.untie_pending or "shared" in self.roles.values()
 
     @property
     def one_matrix(self) -> bool:
         """Whether the effective input and output matrices are one tensor (scales and bias aside)."""
-        return self.mode in ("tied", "tied_bias", "scaled")
+        return self.mode in ("tied", "tied_bias", "scaled") or self.untie_pending
 
     def _sides(self) -> tuple[torch.Tensor, torch.Tensor]:
         """wte as the input side and as the output side use it: through the fork when shared."""
-        if self.sinks is None:
+        if self.sinks is None or not self.shared:
             return self.wte, self.wte
         return Fork.apply(self.wte, *self.sinks)
 
@@ -306,7 +347,7 @@ class Embeddings(nn.Module):
         return torch.cat([w_in, self.wte_own], dim=1) if self.mode == "partial" else w_in
 
     def _output_matrix(self, w_out: torch.Tensor) -> torch.Tensor:
-        if self.mode in ("untied", "untied_init"):
+        if self.mode in ("untied", "untied_init", "tied_then_untied") and not self.untie_pending:
             return self.lm_head
         if self.mode == "partial":
             return torch.cat([w_out, self.lm_head_own], dim=1)
@@ -398,7 +439,13 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of length {start + T} is longer than block_size={self.config.block_size}")
         pos = torch.arange(start, start + T, device=idx.device)
         tok, w_out, bias = self.emb(idx)  # (B, T, C), (V, C), (V,) or None
-        x = self.drop(tok + self.wpe(pos))  # (B, T, C)
+        x = tok + self.wpe(pos)  # (B, T, C)
+        if self.config.embedding_norm:
+            # The recipes' norm after the embedding (modded-nanogpt, nanochat): RMSNorm without a gain,
+            # so it adds no parameter. On the sum, since those recipes add no positions (rotary):
+            # normalising the token rows alone would put them at RMS 1 over positions at std 0.02.
+            x = F.rms_norm(x, (x.size(-1),))
+        x = self.drop(x)
         for layer, block in enumerate(self.h):
             x = block(x, cache, layer)
         if cache is not None:
@@ -415,7 +462,8 @@ class GPT(nn.Module):
     def param_counts(self) -> dict[str, int]:
         """Parameters split into input embedding, output matrix, shared, positional, non-embedding, total.
 
-        Each tensor counts once, so a tied matrix counts once, under "shared".
+        Each tensor counts once, so a tied matrix counts once, under "shared". tied_then_untied counts
+        the model it ends as (two matrices) and adds tied_phase_total, what it trains before untie().
         """
         counts = {"input_embedding": 0, "output_matrix": 0, "shared": 0}
         role_key = {"input": "input_embedding", "output": "output_matrix", "shared": "shared"}
@@ -426,6 +474,8 @@ class GPT(nn.Module):
             p.numel() for n, p in self.named_parameters() if not n.startswith(("emb.", "wpe."))
         )
         counts["total"] = sum(p.numel() for p in self.parameters())
+        if self.emb.mode == "tied_then_untied":  # the counts above are the untied phase's; before it lm_head is idle
+            counts["tied_phase_total"] = counts["total"] - self.emb.lm_head.numel()
         return counts
 
 

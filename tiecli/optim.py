@@ -49,3 +49,23 @@ def lr_at(step: int, c: Config) -> float:
         return t.lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, c.max_steps - warmup)
     return t.min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) * (t.lr - t.min_lr)
+
+
+def untie_step(c: Config) -> int | None:
+    """tied_then_untied: how many steps train the one matrix, round(untie_at x max_steps), before it is two; else None.
+
+    A fraction, as the schedule's warmup is: a resume that extends max_steps before the switch moves
+    it with the schedule; after it the model stays untied (the phase is in its weights)."""
+    return round(c.model.untie_at * c.max_steps) if c.model.tying == "tied_then_untied" else None
+
+
+@torch.no_grad()
+def untie(model: GPT, optimizer: torch.optim.AdamW) -> None:
+    """The switch of tied_then_untied, as modded-nanogpt makes it: lm_head becomes a copy of the shared
+    matrix, and its AdamW state (exp_avg, exp_avg_sq, step) a copy of the shared matrix's, so both
+    matrices continue the shared one's moments rather than restarting AdamW's bias correction."""
+    emb = model.emb
+    emb.untie()
+    shared = optimizer.state.get(emb.wte)
+    if shared:  # none before the first step (untie_at=0)
+        optimizer.state[emb.lm_head] = {k: v.clone() for k, v in shared.items()}

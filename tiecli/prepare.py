@@ -61,7 +61,8 @@ def prepare(config: Config) -> Setup:
     # The whole forward, fused head and loss included, as one graph, whose backward AOTAutograd
     # compiles too. The gradient split is part of that graph (head.py: Fork), so diagnostics
     # neither break it nor recompile it. Evaluation stays eager: its shapes vary.
-    forward = distributed.wrap(compile_step(model) if compiled else model, device)  # DDP under torchrun
+    idle = config.model.tying == "tied_then_untied"  # lm_head gets no gradient before the switch
+    forward = distributed.wrap(compile_step(model) if compiled else model, device, idle)  # DDP under torchrun
     wants_pairs = config.diag.geometry or config.diag.every > 0  # R3's geometry and R4's pair gradients
     pairs, pairs_info = form_pairs(corpus.encoding, config.diag.pairs) if wants_pairs else ([], {})
     t, world, sampler = config.train, distributed.world_size(), torch.Generator().manual_seed(config.seed)

@@ -19,7 +19,7 @@ from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import evaluate, expected_line, final_windows
 from tiecli.model import Embeddings
-from tiecli.optim import lr_at
+from tiecli.optim import lr_at, untie, untie_step
 from tiecli.prepare import Setup, prepare
 from tiecli.run.files import now
 from tiecli.run.layout import INIT_CHECKPOINT, SNAPSHOTS
@@ -134,6 +134,7 @@ def fit(
     Under DDP every rank runs it in step; rank 0 alone (run is not None) evaluates and writes."""
     c, t, d = s.config, s.config.train, s.config.diag
     max_steps, model, optimizer = c.max_steps, s.model, s.optimizer
+    switch = untie_step(c)  # None but in tying=tied_then_untied
     emb0 = checkpoint.load_embeddings(run.path / INIT_CHECKPOINT, c.model, run.path.name) if run else None
     buckets_t = torch.from_numpy(s.buckets.astype("int64")).to(s.device)
     pair_index = diagnostics.pair_index(s.pairs, s.corpus.counts, d.seed, s.device) if d.every > 0 else None
@@ -146,6 +147,9 @@ def fit(
         step_start = time.perf_counter()
         state.wall_time += step_start - tick  # everything between steps too: logging, evaluation, checkpoints
         tick = step_start
+        if switch is not None and model.emb.untie_pending and state.step >= switch:  # tied_then_untied's switch
+            untie(model, optimizer)
+            progress.plain(f"step {state.step}: the shared matrix is now two (tying.untie_at={c.model.untie_at})")
         lr = lr_at(state.step, c)
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]

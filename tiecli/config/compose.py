@@ -22,7 +22,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tiecli.config.checks import to_config, validate_launcher
+from tiecli.config.checks import check_recipe_key, to_config, validate_launcher
 from tiecli.config.messages import message, type_words, unknown_key
 from tiecli.config.schema import GROUPS, LIST_GROUPS, Config, LauncherConfig
 from tiecli.errors import ConfigError, TiecliError
@@ -144,6 +144,7 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
             failed, cfg = error, _hydra_compose([*group_overrides, f"hardware={hardware}"])
         for o in parsed:
             if o.key_or_group not in GROUPS:
+                check_recipe_key(o.key_or_group, cfg.hydra.runtime.choices.tying, list(cfg.tying.keys()))
                 _check_key(cfg, o.key_or_group)
         if failed:
             raise failed

@@ -127,6 +127,7 @@ class ModelShape:
     block_size: int
     dropout: float
     bias: bool
+    embedding_norm: bool
 
 
 @dataclass
@@ -141,6 +142,9 @@ class TyingSettings:
     scale_inputs: bool | None = None
     shared_fraction: float | None = None
     rank: int | None = None
+    untie_at: float | None = None
+    embedding_std: float | None = None  # a null in the file keeps GPT-2's init, as absent does
+    output_std: float | None = None
 
 
 @dataclass

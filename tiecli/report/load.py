@@ -26,6 +26,13 @@ PARAM_KEYS = (
     "non_embedding",
     "total",
 )  # summary.json params
+# Keys conf/ gained after runs were written, with the tying choices whose files have them (None: every choice) and
+# the value at which a run trains as those older runs did: an older run reads that value, so the two group together.
+ADDED_SETTINGS = {
+    "model.embedding_norm": (None, False),
+    "tying.embedding_std": (("untied",), None),
+    "tying.output_std": (("untied",), None),
+}
 # Diagnostics each run contributes: gradient statistics (metrics.jsonl diag keys) averaged over training,
 # then geometry at the last geometry.json entry: KEY_input and KEY_output of each side, and the agreement
 # (untied modes) at the last entry and, as KEY_init, at the step-0 entry.
@@ -190,6 +197,9 @@ def load_run(path: Path) -> Run:
         raise Skip(f"losses are NaN or infinite: {bad}")
     try:
         setting = flatten(config)
+        for key, (modes, value) in ADDED_SETTINGS.items():
+            if modes is None or choices.get("tying") in modes:
+                setting.setdefault(key, value)
         if setting.get("dtype") == "auto" and summary.dtype:
             # group by the precision the run trained in: `auto` is bf16 on one machine and fp32 on another
             setting["dtype"] = summary.dtype
