@@ -13,6 +13,7 @@ import itertools
 import json
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,12 +35,18 @@ JOB_NAME_LENGTH = 56  # "[12/24] NAME: completed at step 500" and the live table
 
 
 def plan(
-    overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None, options: list[str] | None = None
+    overrides: list[str],
+    config_dir: Path | None,
+    runs_dir: Path,
+    name: str | None,
+    options: list[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Path, SweepManifest, dict[str, Config]]:
     """The sweep folder, its manifest and each job's checked Config (by job name); every job is composed first.
 
     launcher.* overrides configure the launcher, not the jobs: they and `options` (--launcher, --jobs, ...)
-    only join the command recorded to run the sweep again. Writes nothing.
+    only join the command recorded to run the sweep again. `progress(done, total)` is told of each job composed
+    (thousands of jobs take minutes). Writes nothing.
     """
     if name is not None:
         check_name(name, sweep=True)
@@ -47,9 +54,12 @@ def plan(
     job_overrides = split_launcher_overrides(overrides)[0]
     study, entries = expand(job_overrides, dirs)
     composed = []
-    for combo in combinations(entries, (study or {}).get("add", [])):
+    combos = combinations(entries, (study or {}).get("add", []))
+    for combo in combos:
         job = apply_rules(list(combo), (study or {}).get("when", []))
         composed.append((job, *compose(job, config_dir)))
+        if progress:
+            progress(len(composed), len(combos))
     shared = set.intersection(*(set(job) for job, _, _ in composed))
     jobs, configs = [], {}
     for job, cfg, choices in composed:
