@@ -82,12 +82,24 @@ def test_default_name_comes_from_the_choices_and_seed(isolated):
         (["model=nano,micro"], "is a sweep"),
         (["data=textfile"], "data.path is required"),
         (["train.grad_accum=many"], "train.grad_accum='many' has the wrong type"),
+        # without data=textfile the bundled corpus would train under a name that says tiny
+        (["data.path=tiny.txt"], "data.path is read by data=textfile only, not by data=shakespeare"),
+        (
+            ["tying.shared_fraction=0.25"],
+            "tying.shared_fraction is read by tying=partial only, not by tying=tied (the tying picked); add tying=partial",
+        ),
     ],
 )
 def test_bad_overrides_exit_2_and_leave_nothing(isolated, args, text):
     base = NODATA if args[0].startswith("data") else TINY  # a key may be given once
     one_line_error(tiecli("train", *base, *args), 2, text)
     assert not (isolated / "runs").exists()
+
+
+def test_info_never_shows_a_path_beside_a_source_that_ignores_it():
+    result = tiecli("info", "data.path=/nonexistent")
+    one_line_error(result, 2, "'data.path=/nonexistent': data.path is read by data=textfile only")
+    assert "shakespeare" not in result.output.replace("not by data=shakespeare", "")
 
 
 def test_bad_data_and_names_exit_1_and_leave_nothing(isolated):

@@ -5,10 +5,12 @@ import pytest
 from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
-from tiecli.config import naming
+from tiecli.config import naming, readers
 from tiecli.config.checks import to_config
 from tiecli.config.compose import check_unique, compose, default_config_dir, parse_overrides
 from tiecli.config.schema import (
+    GROUPS,
+    LIST_GROUPS,
     Composed,
     Config,
     DataConfig,
@@ -57,10 +59,7 @@ def test_token_budget_sets_steps():
         ),
         (["model=huge"], "unknown model 'huge'; valid choices: gpt2, medium, micro, nano, small, tiny"),
         (["train.lrr=1"], "unknown config key 'train.lrr'; valid keys under 'train': batch_size"),
-        (
-            ["tying=untied", "tying.rank=4"],
-            "unknown config key 'tying.rank'; valid keys under 'tying': embedding_std, mode, output_std",
-        ),
+        (["tying=untied", "tying.rank=4"], "tying.rank is read by tying=hybrid only, not by tying=untied"),
         (["sede=1"], "unknown config key 'sede'; valid keys at the top level"),
         (["model=nano,micro"], "is a sweep"),
         (["seed=range(0,3)"], "is a sweep"),
@@ -476,3 +475,78 @@ def test_an_old_run_reads_the_keys_conf_gained_at_confs_defaults_but_added_at_it
     assert from_run(today, gone, tmp_path / "config.yaml").model.n_layer == 2
     with pytest.raises(TiecliError, match=r"^'.*config\.yaml' is not a valid tiecli config: eval\.max_tokens is requi"):
         from_run(old, gone, tmp_path / "config.yaml")
+
+
+def _read_elsewhere(group: str) -> list[tuple[str, str, list[str]]]:
+    """conf/'s own cases where a choice of `group` does not read a key another choice reads:
+    (choice, override, the choices that read it), found from the files as a user reads them."""
+    dirs = [default_config_dir()]
+    cases = []
+    for choice in readers.choices_of(group, dirs):
+        unused = readers.file_keys(group, choice, dirs)[1]
+        mine = set(compose([f"{group}={choice}"])[0][group].keys())  # conf/config.yaml's model.block_size too
+        for key in sorted({k for c in readers.choices_of(group, dirs) for k in readers.file_keys(group, c, dirs)[0]}):
+            if key in mine and key not in unused:
+                continue
+            reading = readers.readers(group, key, dirs)
+            value = next(
+                (v for c in reading if (v := readers.file_keys(group, c, dirs)[0][key]) not in (None, "???")), "x"
+            )
+            cases.append((choice, f"{group}.{key}={str(value).lower() if isinstance(value, bool) else value}", reading))
+    return cases
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g not in LIST_GROUPS])
+def test_a_key_only_another_choice_reads_is_refused_naming_it(group):
+    """Every group: data.path with data=shakespeare, tying.rank with tying=tied, tokenizer.train_bytes with
+    tokenizer=bytes... would be ignored; each is refused in one line naming the choice that reads it, and
+    accepted with that choice."""
+    cases = _read_elsewhere(group)
+    expected = {"model": 0, "tying": 4, "data": 5, "tokenizer": 1}  # conf/'s own files: model's all read the same keys
+    assert len({line for _, line, _ in cases}) >= expected[group], cases
+    for choice, line, reading in cases:
+        with pytest.raises(ConfigError) as e:
+            compose([f"{group}={choice}", line])
+        key = line.split("=", 1)[0]
+        assert f"{key} is read by " in str(e.value) and all(f"{group}={c}" in str(e.value) for c in reading)
+        assert f"not by {group}={choice}" in str(e.value) and "\n" not in str(e.value)
+        cfg, choices = compose([f"{group}={reading[0]}", line])
+        assert choices[group] == reading[0] and str(OmegaConf.select(cfg, key)).lower() == line.split("=", 1)[1]
+
+
+def test_the_default_choice_refuses_what_it_would_ignore():
+    """Without the group on the command line, the default choice is the one that must read the key."""
+    for line, reader in [
+        ("data.path=/usr/share/common-licenses/GPL-3", "data=textfile"),
+        ("tying.shared_fraction=0.25", "tying=partial"),
+        ("data.hf_split=train", "data=hf"),
+    ]:
+        with pytest.raises(ConfigError, match=f"only, not by .*; add {reader}$"):
+            compose([line])
+
+
+@pytest.mark.parametrize("line", ["data.name=textfile", "tying.mode=partial", "tokenizer.name=gpt2"])
+def test_the_key_naming_the_choice_changes_only_with_the_choice(line):
+    """data.name=textfile alone would read data=shakespeare's keys under another name; the choice picks it."""
+    group = line.split(".")[0]
+    with pytest.raises(ConfigError, match=f"names the {group} choice itself; pick one with {group}=CHOICE"):
+        compose([line])
+
+
+def test_a_config_dir_file_marks_its_own_unused_keys(tmp_path):
+    """A user's data file that does not read data.split says so as tiecli's do, and gets the same refusal."""
+    (tmp_path / "data").mkdir()
+    own = (default_config_dir() / "data" / "shakespeare.yaml").read_text()
+    (tmp_path / "data" / "mine.yaml").write_text(
+        own.replace("name: shakespeare", "name: shakespeare  # my copy").replace(
+            "n_blocks: 100 ", "n_blocks: 100  # unused: split is always document here"
+        )
+    )
+    with pytest.raises(ConfigError, match=r"data.n_blocks is read by data=docs_en, .* not by data=mine \(the data"):
+        compose(["data=mine", "data.n_blocks=5"], tmp_path)
+    assert compose(["data=mine", "data.split_seed=5"], tmp_path)[0].data.split_seed == 5
+    (tmp_path / "tokenizer").mkdir()  # a bpe.yaml of one's own that marks train_bytes unused: no choice reads it now
+    bpe = (default_config_dir() / "tokenizer" / "bpe.yaml").read_text()
+    (tmp_path / "tokenizer" / "bpe.yaml").write_text(bpe.replace("100000000 ", "100000000  # unused here "))
+    with pytest.raises(ConfigError, match="tokenizer=bpe does not read tokenizer.train_bytes"):
+        compose(["tokenizer.train_bytes=5"], tmp_path)

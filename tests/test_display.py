@@ -114,3 +114,19 @@ def test_a_log_says_when_the_first_step_waits_for_the_compile():
     with display.TrainProgress(Console(file=out, width=200), "r", 500, 0, 10, compiling=True):
         pass
     assert "compiling the training step (torch.compile); the first step waits for it" in out.getvalue()
+
+
+def test_the_summary_says_which_precision_the_run_trained_in(tiny_trained):
+    """`dtype: auto` is bf16 autocast on a CPU with bf16 instructions and fp32 on one without: the table
+    `tiecli train` ends with says which, so an output quoted from one machine is read right on another."""
+    from rich.console import Console
+
+    from tiecli.display import summary_table
+    from tiecli.run.reader import RunReader
+
+    summary = RunReader(tiny_trained).summary()
+    out = Console(record=True, width=120)
+    out.print(summary_table(summary))
+    (row,) = [line for line in out.export_text().splitlines() if "precision" in line]
+    expected = "fp32 on cpu" if summary.dtype == "fp32" else f"{summary.dtype} autocast on cpu"
+    assert summary.device == "cpu" and summary.dtype in ("fp32", "bf16") and expected in row

@@ -71,3 +71,46 @@ def test_the_dry_run_times_on_the_free_cores_and_states_the_load(isolated, monke
     assert result.exit_code == 0, result.output
     (timed,) = [line for line in result.output.splitlines() if line.startswith("timed on cpu")]
     assert "1 thread, with 1.2 of 2 cores busy with other processes (assumed to last)" in timed
+
+
+def test_the_dry_run_lists_the_jobs_then_says_what_it_times_while_it_does(isolated, monkeypatch):
+    """Timing a size can take minutes (torch.compile, a large model): the jobs are on screen by then, and a
+    line says what is being timed, rather than nothing until the end."""
+    import io
+
+    from rich.console import Console
+
+    from tiecli.sweep import sweep
+
+    out, err = (Console(file=io.StringIO(), record=True, width=300) for _ in range(2))
+    seen = []
+
+    def measure(c):  # what the user sees when a size's timing starts
+        seen.append((out.export_text(clear=False), err.export_text(clear=False)))
+        return dryrun.Pace(step_s=0.5, eval_batch_s=0.1, steps=3, device="cpu", dtype="fp32")
+
+    monkeypatch.setattr(dryrun, "measure", measure)
+    options = dict(status=None, launcher="basic", jobs=None, gpus_per_job=None, config_dir=None)
+    args = [*ANY_MODEL, "model=nano,micro", "seed=0,1"]
+    sweep(args, name="est", runs_dir=Path("runs"), dry_run=True, estimate=True, console=out, err_console=err, **options)
+    assert len(seen) == 2
+    shown, said = seen[0]
+    assert shown.count(" [new]: ") == 4 and "total: 4 job(s)" in shown
+    assert re.fullmatch(
+        r"timing model size 1 of 2 on cpu \(like nano-tied-bytes-textfile_tiny-\w+-s0\): a warm-up step, then up to "
+        r"3 optimizer steps and evaluation batches on random tokens, 5 s at most each \(--no-estimate skips this\) \.\.\.",
+        said.strip(),
+    ), said
+    assert "timing model size 2 of 2 on cpu (like micro-" in seen[1][1] and "timed on cpu" in seen[1][0]
+    assert "estimated wall time" in out.export_text()
+
+
+def test_a_large_sweep_says_how_far_composing_its_jobs_has_come(isolated, monkeypatch):
+    """Every job is composed and checked before anything runs: a 6,000-job sweep takes minutes at that."""
+    from tiecli.sweep import status
+
+    monkeypatch.setattr(status, "PROGRESS_EVERY_S", 0.0)  # as if each job took longer than the interval
+    result = tiecli("sweep", *TINY, "seed=0,1,2", "--dry-run", "--no-estimate")
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if line.startswith("composing")]
+    assert said == [f"composing and checking the jobs' configs: {i} of 3 ..." for i in (1, 2)]

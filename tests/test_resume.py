@@ -41,6 +41,17 @@ def test_resume_refuses_a_change_to_what_was_trained_naming_the_key(isolated, ti
     assert RunReader(isolated / "runs" / "r").summary().step == 12  # untouched
 
 
+def test_resume_takes_its_run_path_before_or_after_the_overrides(isolated, tiny_run):
+    """`tiecli train train.max_steps=12 --resume runs/r`: options and overrides in any order, as in any Typer CLI."""
+    for args in (["train.max_steps=12", "--resume", "runs/r"], ["train.max_steps=12", "runs/r", "--resume"]):
+        result = tiecli("train", *args)
+        assert result.exit_code == 0 and "already complete (step 12)" in result.output, result.output
+    result = tiecli("train", "train.lr=0.1", "train.max_steps=20", "--resume", "runs/r")
+    one_line(result, 2, "train.lr was 0.003 in this run; --resume may only change")
+    one_line(tiecli("train", "train.max_steps=20", "--resume", "runs/r", "runs/r2"), 2, "are both run paths")
+    assert RunReader(tiny_run).summary().step == 12  # untouched
+
+
 @pytest.mark.slow
 def test_resume_with_overrides_equal_to_the_run_is_accepted(isolated):
     """A sweep re-run passes every job's overrides again: equal values are no change."""

@@ -213,6 +213,34 @@ def test_a_rerun_may_leave_out_jobs_that_never_started_but_not_one_that_did(isol
     )
 
 
+def test_a_new_axis_with_the_value_the_jobs_ran_extends_the_sweep(isolated):
+    """`tiecli sweep ... train.lr=1e-2,3e-3 --name seeds` on a sweep that ran the default lr (3e-3) adds the new
+    rate's jobs; the old jobs are the new axis's 3e-3 jobs, names, runs and history kept, at any place in the list."""
+    folder, manifest, _ = plan.plan([*TINY, "seed=0,1"], None, Path("runs"), "seeds")
+    for job in manifest.jobs:
+        job.state, job.attempts, job.exit_code = "completed", 1, 0
+    manifests.save(folder, manifest)
+
+    _, wider, configs = plan.plan([*TINY, "seed=0,1", "train.lr=1e-2,3e-3"], None, Path("runs"), "seeds")
+    assert len(wider.jobs) == 4 and set(configs) == {j.name for j in wider.jobs}
+    kept = [j for j in wider.jobs if j.state == "completed"]
+    assert [j.name for j in kept] == [j.name for j in manifest.jobs]  # the same runs, in their folders
+    assert all(j.overrides[-1].startswith("train.lr=") and configs[j.name].train.lr == 3e-3 for j in kept)
+    added = [j for j in wider.jobs if j.state == "pending"]
+    assert [(j.attempts, configs[j.name].train.lr) for j in added] == [(0, 1e-2), (0, 1e-2)]
+    assert len(wider.axes["train.lr"]) == 2
+    manifests.save(folder, wider)
+    assert [
+        j.name for j in plan.plan([*TINY, "seed=0,1", "train.lr=1e-2,3e-3"], None, Path("runs"), "seeds")[1].jobs
+    ] == [j.name for j in wider.jobs]  # the next re-run of the same command plans the same jobs
+
+    one_line_error(  # values none of the old jobs ran: they would be left out
+        tiecli("sweep", *TINY, "seed=0,1", "train.lr=1e-2,2e-2", "--name", "seeds", "--dry-run"),
+        1,
+        "already has 2 started job(s) this command leaves out",
+    )
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_a_rerun_finishes_the_rest(isolated):
     # a short job that completes, a long one to interrupt, and one that is still pending then

@@ -63,6 +63,8 @@ def summary_table(summary) -> Table:
         ("steps", f"{summary.step:,} / {summary.max_steps:,}"),
         ("tokens", f"{summary.tokens:,}"),
         ("train time", f"{summary.train_time or 0:.1f} s ({summary.tokens_per_s or 0:,.0f} tokens/s)"),
+        # dtype=auto trains in bf16 on one machine and fp32 on another: a quoted output says which it was
+        ("precision", f"{summary.dtype}{'' if summary.dtype == 'fp32' else ' autocast'} on {summary.device}"),
     ]
     if summary.best_val_loss is not None:
         rows.append(("best val loss (subset)", f"{summary.best_val_loss:.4f} at step {summary.best_val_step}"))

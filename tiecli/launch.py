@@ -64,13 +64,18 @@ def plan_run(overrides: list[str], runs_dir: Path, name: str | None, resume: boo
 
 def run_place(overrides: list[str], resume: bool, runs_dir: Path, name: str | None, multirun: bool):
     """(runs_dir, name) of the run to train: `--resume runs/NAME` (or a bare NAME in --runs-dir) pops the
-    run's path from the overrides; -m and an empty --name are refused."""
+    run's path from the overrides, wherever it stands among them (Typer gathers every positional, before and after
+    the options, into one list); -m and an empty --name are refused."""
     if multirun:
         raise ConfigError(
             f"-m: tiecli train trains one run; for several, `{shlex.join(['tiecli', 'sweep', *overrides])}`"
         )
-    if resume and overrides and "=" not in overrides[0]:  # tiecli train --resume runs/NAME [OVERRIDES]
-        run_arg = Path(overrides.pop(0))
+    paths = [o for o in overrides if "=" not in o]  # every override is KEY=VALUE: the rest is a run's path
+    if resume and paths:  # tiecli train --resume runs/NAME [OVERRIDES], the path anywhere among the overrides
+        if len(paths) > 1:
+            raise ConfigError(f"--resume continues one run; {paths[0]!r} and {paths[1]!r} are both run paths")
+        run_arg = Path(paths[0])
+        overrides.remove(paths[0])
         if not is_run_dir(run_arg) and is_run_dir(runs_dir / run_arg):  # a bare NAME in --runs-dir
             run_arg = runs_dir / run_arg
         runs_dir, name = run_arg.parent, run_arg.name

@@ -27,24 +27,6 @@ DATA_SPLITS = ("document", "block")
 SEED_LIMIT = 2**63  # torch.manual_seed takes 64 bits, read as signed or unsigned; [0, 2**63) fits both
 
 
-# The tying keys of the field's recipes (docs/configuration.md), and the tying choices whose files have them.
-RECIPE_KEYS = {
-    "tying.untie_at": ("tied_then_untied",),
-    "tying.embedding_std": ("untied", "tied_then_untied"),
-    "tying.output_std": ("untied",),
-}
-
-
-def check_recipe_key(key: str, tying: str, keys: list[str]) -> None:
-    """One line when a recipe key is given with a tying choice whose file lacks it (keys: the keys it has)."""
-    owners = RECIPE_KEYS.get(key)
-    if owners and key.removeprefix("tying.") not in keys:
-        which = " or ".join(f"tying={o}" for o in owners)
-        raise ConfigError(
-            f"{key} is read by {which} only, not by tying={tying}; add {which.split(' or ')[0]} or leave it out"
-        )
-
-
 def to_config(cfg: DictConfig) -> Config:
     """The composed DictConfig as dataclasses, with every key, type and value checked."""
     composed = _check_types(cfg)

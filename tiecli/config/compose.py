@@ -22,8 +22,9 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from tiecli.config.checks import check_recipe_key, to_config, validate_launcher
+from tiecli.config.checks import to_config, validate_launcher
 from tiecli.config.messages import message, type_words, unknown_key
+from tiecli.config.readers import check_read
 from tiecli.config.schema import GROUPS, LIST_GROUPS, Config, LauncherConfig
 from tiecli.errors import ConfigError, TiecliError
 
@@ -142,9 +143,12 @@ def compose(overrides: list[str], config_dir: Path | None = None) -> tuple[DictC
             cfg = _hydra_compose([*(typing.cast(str, o.input_line) for o in parsed), f"hardware={hardware}"])
         except ConfigError as error:
             failed, cfg = error, _hydra_compose([*group_overrides, f"hardware={hardware}"])
+        picked = {g: str(cfg.hydra.runtime.choices[g]) for g in GROUPS if g not in LIST_GROUPS}
         for o in parsed:
             if o.key_or_group not in GROUPS:
-                check_recipe_key(o.key_or_group, cfg.hydra.runtime.choices.tying, list(cfg.tying.keys()))
+                group = o.key_or_group.split(".")[0]
+                known = set(typing.cast(set[str], set(cfg[group].keys()))) if group in picked else set()
+                check_read(typing.cast(str, o.input_line), o.key_or_group, picked, known, dirs)
                 _check_key(cfg, o.key_or_group)
         if failed:
             raise failed

@@ -45,7 +45,7 @@ def sweep(
     """`tiecli sweep`: show a sweep's status, print its dry run or run it; the exit code."""
     from tiecli.errors import ConfigError
     from tiecli.sweep import plan, scheduler
-    from tiecli.sweep.status import show_status
+    from tiecli.sweep.status import Ticker, show_status
 
     if status is not None:
         if overrides:
@@ -54,10 +54,12 @@ def sweep(
         return 0
     launch = scheduler.launch_options(launcher, overrides, config_dir, jobs, gpus_per_job)
     options = scheduler.launch_command(launch, jobs)
-    sweep_dir, manifest, configs = plan.plan(overrides, config_dir, runs_dir, name, options)
+    composing = Ticker(err_console, "composing and checking the jobs' configs")
+    sweep_dir, manifest, configs = plan.plan(overrides, config_dir, runs_dir, name, options, composing)
     if dry_run:
         from tiecli.sweep.dryrun import dry_run_lines  # torch: only to size and time the jobs
 
+        # each line as it comes: the jobs at once, then what the timing is doing while it runs
         for line in dry_run_lines(sweep_dir, manifest, configs, launch, estimate, err_console):
             console.print(line, highlight=False, markup=False, soft_wrap=True)
         return 0

@@ -17,7 +17,7 @@ import dataclasses
 import heapq
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -47,48 +47,54 @@ def dry_run_lines(
     launch: Launch | None = None,
     timed: bool = False,
     console: Console | None = None,
-) -> list[str]:
-    """What `--dry-run` prints: each job's run directory, what running it would do, overrides and size; the total;
-    for SLURM the #SBATCH lines of the job array; with `timed`, the wall time from steps timed here."""
+) -> Iterator[str]:
+    """What `--dry-run` prints, line by line as it is known: each job's run directory, what running it would do,
+    overrides and size; the total; for SLURM the #SBATCH lines of the job array; with `timed`, the wall time from
+    steps timed here, while `console` says what is being timed."""
     axes = " x ".join(f"{k} ({len(v)})" for k, v in manifest.axes.items()) or "no axes"
     if (manifest.study or {}).get("add"):
         axes += f" + {len(manifest.jobs) - math.prod(len(v) for v in manifest.axes.values())} from add rules"
     about = f" ({manifest.study['description']})" if manifest.study and manifest.study["description"] else ""
-    lines = [f"sweep {manifest.name!r}: {len(manifest.jobs)} job(s), {axes}, in {shown(sweep_dir)}{about}"]
+    yield f"sweep {manifest.name!r}: {len(manifest.jobs)} job(s), {axes}, in {shown(sweep_dir)}{about}"
     sizes, left = [], {}
+    counted: dict[str, dict[str, int]] = {}
     for job in manifest.jobs:
         run_dir = sweep_dir / job.run_dir
         action = "completed, skip" if run_status(run_dir) == "completed" else "resume" if is_run_dir(run_dir) else "new"
         if action != "completed, skip":
             left[job.name] = progress(run_dir)["step"] if action == "resume" else 0
-        s = job_size(configs[job.name])
+        s = job_size(configs[job.name], counted)
         sizes.append(s)
-        lines.append(f"{shown(run_dir)} [{action}]: {' '.join(job.overrides)}")
-        lines.append(
+        yield f"{shown(run_dir)} [{action}]: {' '.join(job.overrides)}"
+        yield (
             f"  {s['steps']:,} steps, {s['tokens']:,} tokens, {s['evals']} evaluations, "
             f"{s['warmup']} warmup steps; {s['params']:,} parameters; disk {size_text(s['disk'])} "
             f"(checkpoint {size_text(s['checkpoint'])}, "
             f"{s['snapshots']} snapshots {size_text(s['snapshot_bytes'])})"
         )
     steps, tokens, disk = (sum(s[key] for s in sizes) for key in ("steps", "tokens", "disk"))
-    lines.append(f"total: {len(sizes)} job(s), {steps:,} steps, {tokens:,} tokens, disk {size_text(disk)}")
+    yield f"total: {len(sizes)} job(s), {steps:,} steps, {tokens:,} tokens, disk {size_text(disk)}"
     if launch and launch.settings.kind == "submitit_slurm":
         params = slurm_parameters(launch.settings, manifest.name, launch.gpus_per_job)
         folder = sweep_dir.resolve() / SUBMITIT_FOLDER
-        lines.append(f"submitit_slurm: the {len(left)} job(s) to run go to SLURM as one array with")
-        lines += [f"  {line}" for line in sbatch_lines(params, max(1, len(left)), folder)]
+        yield f"submitit_slurm: the {len(left)} job(s) to run go to SLURM as one array with"
+        yield from (f"  {line}" for line in sbatch_lines(params, max(1, len(left)), folder))
     if timed:
-        lines += estimate_lines({name: configs[name] for name in left}, left, launch, console)
-    return lines
+        yield from estimate_lines({name: configs[name] for name in left}, left, launch, console)
 
 
-def job_size(cfg: Config) -> dict:
+def job_size(cfg: Config, counted: dict[str, dict[str, int]] | None = None) -> dict:
     """What one job does and the disk it fills: steps, tokens, evaluations, warmup steps, parameters and bytes.
 
     The checkpoint holds the weights and AdamW's two moments; each snapshot (diag.snapshots, at step 0 and
     every evaluation, at most diag.max_snapshots) the token matrices. Metrics and geometry files are small.
+    counted: parameter counts by model, kept across a sweep's jobs (each count builds the model on the meta device).
     """
-    counts = count_params(cfg.model)
+    counted = {} if counted is None else counted
+    model = repr(dataclasses.asdict(cfg.model))
+    if model not in counted:
+        counted[model] = count_params(cfg.model)
+    counts = counted[model]
     snapshots = min(cfg.n_evals + 1, cfg.diag.max_snapshots) if cfg.diag.geometry and cfg.diag.snapshots else 0
     matrices = counts["input_embedding"] + counts["output_matrix"] + counts["shared"]
     checkpoint, snapshot_bytes = counts["total"] * BYTES_PER_PARAM * 3, snapshots * matrices * BYTES_PER_PARAM
@@ -117,22 +123,25 @@ def size_text(n: int) -> str:
 
 def estimate_lines(
     configs: dict[str, Config], done_steps: dict[str, int], launch: Launch | None, console: Console | None
-) -> list[str]:
+) -> Iterator[str]:
     """The sweep's wall time: a few steps of each model size timed here, then the jobs scheduled on the slots
     the launcher runs at once (GPUs here, the SLURM array's parallelism; on a CPU the jobs share its cores)."""
     if not configs:
-        return ["estimated wall time: 0s (every job is completed)"]
-    paces, lines = {}, []
+        yield "estimated wall time: 0s (every job is completed)"
+        return
+    paces: dict[tuple, Pace] = {}
+    like: dict[tuple, str] = {}  # each size's first job
     for name, c in configs.items():
-        key = size_key(c)
-        if key not in paces:
-            if console:
-                console.print(f"timing {name} ...", highlight=False, markup=False, soft_wrap=True)
-            paces[key] = p = measure(c)
-            lines.append(
-                f"timed on {p.device} ({p.dtype}, {p.load()}), like {name}: {p.step_s:.3g} s a step "
-                f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
-            )
+        like.setdefault(size_key(c), name)
+    for i, (key, name) in enumerate(like.items(), 1):
+        if console:
+            console.print(timing_line(configs[name], name, i, len(like)), highlight=False, markup=False, soft_wrap=True)
+        paces[key] = p = measure(configs[name])
+        c = configs[name]
+        yield (
+            f"timed on {p.device} ({p.dtype}, {p.load()}), like {name}: {p.step_s:.3g} s a step "
+            f"({p.steps} step(s) of {c.tokens_per_step:,} tokens), {p.eval_batch_s:.3g} s an evaluation batch"
+        )
     seconds = [job_seconds(c, paces[size_key(c)], done_steps[n]) for n, c in configs.items()]
     launch = launch or Launch("basic", LauncherConfig("basic"), 1)
     if launch.settings.kind == "submitit_slurm":
@@ -146,12 +155,24 @@ def estimate_lines(
         slots = max(1, min(launch.parallel, len(gpus) // (launch.gpus_per_job or 1))) if gpus else 1
         how = f"{slots} at a time on this machine's GPUs" if gpus else "one at a time: jobs at once share the CPU cores"
     wall = wall_time(seconds, slots)
-    lines.append(
+    yield (
         f"estimated wall time: {duration(wall)} for {len(seconds)} job(s), {duration(sum(seconds))} of job time "
         f"({how}); training steps and in-training evaluations only: data preparation, gradient diagnostics "
         "and the final evaluations add to it"
     )
-    return lines
+
+
+def timing_line(c: Config, name: str, i: int, n: int) -> str:
+    """What the dry run is doing while it times model size i of n, which takes seconds to minutes."""
+    device = pick_device(c.device)
+    compiled = (
+        "torch.compile of the step (about 20 s on a CPU), " if pick_compile(c.compile, device, c.max_steps) else ""
+    )
+    return (
+        f"timing model size {i} of {n} on {device} (like {name}): {compiled}a warm-up step, then up to "
+        f"{TIMED_STEPS} optimizer steps and evaluation batches on random tokens, {BUDGET_S:g} s at most each "
+        "(--no-estimate skips this) ..."
+    )
 
 
 @dataclasses.dataclass

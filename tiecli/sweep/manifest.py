@@ -70,7 +70,8 @@ def merge(old: SweepManifest, new: SweepManifest) -> SweepManifest:
     if dropped:
         raise TiecliError(
             f"sweep {new.name!r} already has {len(dropped)} started job(s) this command leaves out (e.g. {dropped[0]!r}); "
-            f"re-run it with the same overrides (`{old.command}`) or pick another --name"
+            f"re-run it with the same overrides (`{old.command}`), give a new axis the value those jobs ran among "
+            "its values, or pick another --name"
         )
     history = ("state", "exit_code", "error", "started", "ended", "attempts", "job_id")
     jobs = [

@@ -7,11 +7,13 @@ match. Each job is named by run_name from the overrides that tell it from the ot
 in runs/sweeps/<sweep>/<job>/.
 """
 
+import dataclasses
 import hashlib
 import itertools
 import json
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,12 +35,18 @@ JOB_NAME_LENGTH = 56  # "[12/24] NAME: completed at step 500" and the live table
 
 
 def plan(
-    overrides: list[str], config_dir: Path | None, runs_dir: Path, name: str | None, options: list[str] | None = None
+    overrides: list[str],
+    config_dir: Path | None,
+    runs_dir: Path,
+    name: str | None,
+    options: list[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Path, SweepManifest, dict[str, Config]]:
     """The sweep folder, its manifest and each job's checked Config (by job name); every job is composed first.
 
     launcher.* overrides configure the launcher, not the jobs: they and `options` (--launcher, --jobs, ...)
-    only join the command recorded to run the sweep again. Writes nothing.
+    only join the command recorded to run the sweep again. `progress(done, total)` is told of each job composed
+    (thousands of jobs take minutes). Writes nothing.
     """
     if name is not None:
         check_name(name, sweep=True)
@@ -46,9 +54,12 @@ def plan(
     job_overrides = split_launcher_overrides(overrides)[0]
     study, entries = expand(job_overrides, dirs)
     composed = []
-    for combo in combinations(entries, (study or {}).get("add", [])):
+    combos = combinations(entries, (study or {}).get("add", []))
+    for combo in combos:
         job = apply_rules(list(combo), (study or {}).get("when", []))
         composed.append((job, *compose(job, config_dir)))
+        if progress:
+            progress(len(composed), len(combos))
     shared = set.intersection(*(set(job) for job, _, _ in composed))
     jobs, configs = [], {}
     for job, cfg, choices in composed:
@@ -79,9 +90,33 @@ def plan(
     )
     old = manifests.read(sweep_dir)
     if old:
+        old = same_runs(old, manifest, configs, config_dir)
         manifest, configs = manifests.keep_old_names(old, manifest, configs)
         manifest = manifests.merge(old, manifest)
     return sweep_dir, manifest, configs
+
+
+def same_runs(
+    old: SweepManifest, new: SweepManifest, configs: dict[str, Config], config_dir: Path | None
+) -> SweepManifest:
+    """The old manifest, where a job whose overrides no new job has, but whose config a new job's equals, takes that
+    job's overrides: a new axis (train.lr=1e-3,3e-3) one of whose values the old jobs ran, by default or as
+    given, extends the sweep with the other values' jobs only, as more values on an old axis do."""
+    given = {tuple(sorted(j.overrides)) for j in new.jobs}
+    free = [j for j in new.jobs if tuple(sorted(j.overrides)) not in {tuple(sorted(o.overrides)) for o in old.jobs}]
+    jobs = []
+    for job in old.jobs:
+        if tuple(sorted(job.overrides)) not in given and free:
+            try:
+                ran = to_config(compose(job.overrides, config_dir)[0])
+            except ConfigError:  # overrides conf/ no longer takes: the job is left out, as before
+                ran = None
+            same = next((j for j in free if configs[j.name] == ran), None)
+            if same is not None:
+                free.remove(same)
+                job = dataclasses.replace(job, overrides=same.overrides)
+        jobs.append(job)
+    return dataclasses.replace(old, jobs=jobs)
 
 
 def _job_name(choices: dict[str, str], cfg, varying: list[str]) -> str:

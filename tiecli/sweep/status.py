@@ -28,6 +28,23 @@ from tiecli.sweep.states import current_state, last_error_line, read_live
 STATE_STYLES = {"pending": "dim", "running": "yellow", "completed": "green", "failed": "red", "interrupted": "magenta"}
 
 
+PROGRESS_EVERY_S = 5.0  # a step that runs longer than this says how far it has come, at most this often
+
+
+class Ticker:
+    """Says how far a long step with nothing else to show has come ("composing jobs: 1,200 of 6,000"), at most
+    every PROGRESS_EVERY_S seconds and first after that long, so a short step prints nothing."""
+
+    def __init__(self, console: Console, what: str, clock: Callable[[], float] = time.monotonic):
+        self.console, self.what, self.clock = console, what, clock
+        self.next = clock() + PROGRESS_EVERY_S
+
+    def __call__(self, done: int, total: int) -> None:
+        if done < total and self.clock() >= self.next:
+            self.console.print(f"{self.what}: {done:,} of {total:,} ...", highlight=False, markup=False)
+            self.next = self.clock() + PROGRESS_EVERY_S
+
+
 def show_status(runs_dir: Path, name: str, console: Console) -> None:
     """`tiecli sweep --status NAME`: the jobs table and the counts, from sweep.json, the run directories and the
     launcher's view of jobs still queued or running; submits and writes nothing."""
