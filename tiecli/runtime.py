@@ -19,7 +19,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -231,6 +231,18 @@ def autocast_for(device: torch.device, dtype: str):
     if dtype in AUTOCAST:
         return lambda: torch.autocast(device_type=device.type, dtype=AUTOCAST[dtype])
     return contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def full_fp32() -> Iterator[None]:
+    """float32 matmuls in full precision inside: training turns TF32 on for CUDA (prepare.py), which
+    rounds fp32 inputs to 10 mantissa bits; measurements written as float32 (the geometry) must not be."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def grad_scaler(device: torch.device, dtype: str) -> torch.amp.GradScaler | None:
