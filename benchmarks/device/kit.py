@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -68,3 +69,40 @@ def returned_problems(out: Path) -> list[str]:
         if not all(NAME.match(part) for part in rel.parts):
             problems.append(f"{rel}: a name with characters other than letters, digits, '.', '_', '-'")
     return problems
+
+
+def travel_bytes(repo: Path, carried: list[Path]) -> dict[str, int]:
+    """What a device call sends, in bytes: the tracked files and the untracked ones git does not ignore
+    (as they are on disk), and the carried paths; the device tool's limit is 64 MiB for all together."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=repo, capture_output=True, check=True,
+    ).stdout.split(b"\0")  # fmt: skip
+    tree = sum((repo / os.fsdecode(p)).stat().st_size for p in listed if p and (repo / os.fsdecode(p)).is_file())
+    carry = sum(f.stat().st_size for path in carried for f in [path, *path.rglob("*")] if f.is_file())
+    return {"tree": tree, "carry": carry, "total": tree + carry}
+
+
+TRAVEL_LIMIT = 64 * 2**20
+
+
+def main(argv: list[str]) -> int:
+    """`python kit.py size CARRY...`: what a call sends; `python kit.py verify DIR`: what DIR returns."""
+    if argv[:1] == ["size"]:
+        sizes = travel_bytes(Path.cwd(), [Path(p) for p in argv[1:]])
+        mib = {k: v / 2**20 for k, v in sizes.items()}
+        print(f"travels: tracked and untracked tree {mib['tree']:.1f} MiB + carried {mib['carry']:.1f} MiB")
+        print(f"= {mib['total']:.1f} MiB of the device tool's 64 MiB")
+        return 0 if sizes["total"] < TRAVEL_LIMIT else 1
+    if argv[:1] == ["verify"] and len(argv) == 2:
+        problems = returned_problems(Path(argv[1]))
+        print("\n".join(problems) or f"{argv[1]}: every file comes back")
+        return 1 if problems else 0
+    print("usage: python kit.py size CARRIED... | python kit.py verify DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
