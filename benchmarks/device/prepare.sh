@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
-CARRY=benchmarks/device/carry
+CARRY=${CARRY:-benchmarks/device/carry}
 CORPUS=${CORPUS:-docs_en}
 rm -rf "$CARRY/wheels"
 mkdir -p "$CARRY/wheels" "$CARRY/corpora"
