@@ -31,9 +31,6 @@ the first device call is not the first run of this code. Without CUDA and withou
 import argparse
 import json
 import os
-import re
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,24 +43,24 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent / "device"))
-from kit import Deadline, pack_runs, write_json  # noqa: E402  (benchmarks/ is not a package)
+from figures import (  # noqa: E402  (benchmarks/ is not a package)
+    PEAK_TFLOPS,  # noqa: F401  (the tests read the figures through this module)
+    WARM_STEPS,
+    compile_seconds,
+    datasheet_peak,
+    flops_per_token,
+    mfu,
+    peak_memory_gib,
+    print_table,
+    recompiles,
+    rel,
+    run_names,
+    steady_tokens_per_s,
+)
+from kit import Deadline, guarded, pack_runs, write_json  # noqa: E402
 
-# Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s; the first name found
-# in torch.cuda.get_device_name() wins, so "H100 PCIe" comes before "H100" (SXM).
-PEAK_TFLOPS = {
-    "B200": 2250.0,
-    "H200": 989.0,
-    "H100 PCIe": 756.0,
-    "H100 NVL": 835.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "A10": 125.0,
-}
 RESUME_FACTOR = 3.0  # stopped-and-resumed may differ from straight by this many times two straight runs' spread
 RESUME_ABS = 1e-6  # plus this, so a deterministic device (floor 0) still allows nothing beyond rounding
-WARM_STEPS = 20  # metrics.jsonl intervals ending at or before this step hold the cold compile: not steady
 HEAD_LOSS_TOL, HEAD_GRAD_TOL = 2e-3, 2e-2  # relative; bf16 matmuls on both sides, in another order
 MODE_LOSS_TOL = 2e-2  # compiled vs eager loss of one step, relative, under bf16
 QUIET = ["eval.test=false", "diag.snapshots=false", "train.checkpoints=1"]
@@ -102,66 +99,6 @@ def rehearsal(data: list[str]) -> Plan:
     resume += ["diag.snapshots=false"]
     shape = ("model=nano", "tokenizer=bytes", "model.block_size=32", "device=cpu")
     return Plan("cpu", gpt2, resume, 4, "fp32", (97, 32), shape, ("hybrid",), (2, 64, 32, 256, 4), 4)
-
-
-# --- pure helpers (tests/test_distributed.py runs them on CPU) -------------------------------------
-
-
-def run_names(checks: list[str]) -> list[str]:
-    """A run name per check, unique by its position, readable from the whole check: "01-gpt2-diag-off"."""
-    return [
-        f"{i:02d}-" + re.sub(r"[^A-Za-z0-9]+", "-", check).strip("-").lower()[:60] for i, check in enumerate(checks)
-    ]
-
-
-def flops_per_token(n_layer: int, n_embd: int, block_size: int, vocab: int, non_embedding: int) -> float:
-    """Training FLOPs per token (PaLM's appendix B, as nanoGPT estimates MFU): 6 x the matmul parameters
-    (the blocks and the V x C output matrix) + 12 x layers x width x context for attention."""
-    return 6 * (non_embedding + vocab * n_embd) + 12 * n_layer * n_embd * block_size
-
-
-def mfu(flops_token: float, tokens_per_s: float, peak_tflops: float) -> float:
-    """Model FLOPs utilisation: the FLOPs a second the model needs at this rate over the device's peak."""
-    return flops_token * tokens_per_s / (peak_tflops * 1e12)
-
-
-def steady_tokens_per_s(metrics: Path, warm_steps: int = WARM_STEPS) -> float:
-    """The median tokens/s of metrics.jsonl's intervals that end after warm_steps (compile and warm-up left out)."""
-    rates = [
-        row["tokens_per_s"]
-        for row in map(json.loads, metrics.read_text().splitlines())
-        if row.get("step", 0) > warm_steps and row.get("tokens_per_s")
-    ]
-    if not rates:
-        raise ValueError(f"{metrics} has no tokens/s after step {warm_steps}: run more steps")
-    return statistics.median(rates)
-
-
-def compile_seconds(train_time: float, steps: int, tokens_per_step: int, steady: float) -> float:
-    """The training time beyond what the steps take at the steady rate: the cold compile, mostly."""
-    return max(0.0, train_time - steps * tokens_per_step / steady)
-
-
-def recompiles(log: str) -> int:
-    """Dynamo's recompilations in a run's log (TORCH_LOGS=recompiles prints one line for each)."""
-    return len(re.findall(r"Recompiling function", log))
-
-
-def peak_memory_gib(summary: dict) -> float | None:
-    """The run's peak device memory from summary.json, in GiB, when it records one (in bytes or GiB)."""
-    key = next((k for k in summary if "peak" in k and "mem" in k), None)
-    value = summary.get(key) if key else None
-    if isinstance(value, dict):  # tiecli's own: {"bytes": N, "of": "cuda max_memory_allocated"}
-        value = value.get("bytes")
-    if not isinstance(value, (int, float)):
-        return None
-    return value / 2**30 if value > 2**20 else float(value)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """|a - b| / |b| in fp32 (norms over every element)."""
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 # --- running tiecli ---------------------------------------------------------------------------------
@@ -376,14 +313,6 @@ def refusal_row(runs: Path, device: str = "cuda") -> dict:
 # --- the report ------------------------------------------------------------------------------------------
 
 
-def datasheet_peak() -> tuple[float | None, str]:
-    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    for key, tflops in PEAK_TFLOPS.items():
-        if key in name:
-            return tflops, key
-    return None, ""
-
-
 def matmul_tflops(device: str = "cuda", n: int = 8192, repeats: int = 20) -> float:
     """Measured bf16 matmul throughput, TFLOP/s: the mean of `repeats` products after three warm-ups."""
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
@@ -410,47 +339,6 @@ def env_row(plan: Plan) -> dict:
         }
         row |= {"datasheet_bf16_tflops": sheet, "datasheet": key}
     return row
-
-
-def figures(row: dict) -> str:
-    """A row's figures in one cell: key=value, floats to 4 significant digits."""
-    cells = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in ("check", "ok")]
-    return " ".join(cells)
-
-
-def print_table(rows: list[dict]) -> None:
-    width = max(len(r["check"]) for r in rows)
-    print(f"{'check':{width}}  {'ok':4}  figures")
-    for row in rows:
-        mark = {True: "yes", False: "NO", None: "skip"}[row["ok"]]
-        print(f"{row['check']:{width}}  {mark:4}  {figures(row)}")
-
-
-class PastDeadline(Exception):
-    pass
-
-
-def guarded(check: str, fn: Callable[[], list[dict]], deadline: Deadline, least: float = 20) -> list[dict]:
-    """fn's rows, or one failed row with its error: one failing check still leaves the others' figures.
-    Not started with less than `least` seconds left (a skipped row); stopped by an alarm at the deadline."""
-    if deadline.left() < least:
-        return [{"check": check, "ok": None, "skipped": f"{deadline.left():.0f} s left, wanted {least:.0f}"}]
-
-    def alarm(signum, frame):
-        raise PastDeadline(f"stopped at the deadline after {time.perf_counter() - start:.0f} s")
-
-    start = time.perf_counter()
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(max(1, int(deadline.left())))
-    try:
-        rows = fn()
-    except (Exception, PastDeadline) as e:
-        rows = [{"check": check, "ok": False, "error": " ".join(f"{type(e).__name__}: {e}".split())[-600:]}]
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    rows[-1]["wall_s"] = round(time.perf_counter() - start, 1)
-    return rows
 
 
 def phases(runs: Path, plan: Plan, deadline: Deadline, peak: list[float]) -> list[tuple[str, Callable, float]]:

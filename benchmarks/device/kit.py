@@ -7,9 +7,11 @@ import io
 import json
 import os
 import re
+import signal
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 MAX_FILES = 8  # what the device tool returns from $OUT (/work/.library/device/README.md, Limits)
@@ -29,6 +31,33 @@ class Deadline:
     def timeout(self, want: float) -> float:
         """A subprocess's timeout: what it wants, or what is left, whichever is less."""
         return max(1.0, min(want, self.left()))
+
+
+class PastDeadline(Exception):
+    """An in-process phase ran past the deadline."""
+
+
+def guarded(check: str, fn: Callable[[], list[dict]], deadline: Deadline, least: float = 20) -> list[dict]:
+    """fn's rows, or one failed row with its error: one failing check still leaves the others' figures.
+    Not started with less than `least` seconds left (a skipped row); stopped by an alarm at the deadline."""
+    if deadline.left() < least:
+        return [{"check": check, "ok": None, "skipped": f"{deadline.left():.0f} s left, wanted {least:.0f}"}]
+
+    def alarm(signum, frame):
+        raise PastDeadline(f"stopped at the deadline after {time.perf_counter() - start:.0f} s")
+
+    start = time.perf_counter()
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(max(1, int(deadline.left())))
+    try:
+        rows = fn()
+    except (Exception, PastDeadline) as e:
+        rows = [{"check": check, "ok": False, "error": " ".join(f"{type(e).__name__}: {e}".split())[-600:]}]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    rows[-1]["wall_s"] = round(time.perf_counter() - start, 1)
+    return rows
 
 
 def write_json(path: Path, obj: object) -> None:

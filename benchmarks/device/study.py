@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import figures
 from kit import Deadline, pack_runs, write_json
 
 HERE = Path(__file__).parent
@@ -38,9 +39,9 @@ REHEARSAL = {"gpt2": 64, "medium": 48, "small": 32}  # the rehearsal's width for
 
 
 def flops_per_token(model: str) -> float:
-    """6 x the matmul parameters + attention (as gpu_check counts them), at GPT-2's vocabulary and context."""
+    """Training FLOPs a token at GPT-2's vocabulary and context (figures.flops_per_token, as the check counts them)."""
     L, C = SHAPES[model]
-    return 6 * (12 * L * C * C + VOCAB * C) + 12 * L * C * BLOCK
+    return figures.flops_per_token(L, C, BLOCK, VOCAB, 12 * L * C * C)
 
 
 def rates(doc: dict, check: dict | None) -> dict[str, float]:
