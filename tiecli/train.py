@@ -161,7 +161,7 @@ def fit(
         state.loss_n += 1
         at_eval, at_save = c.is_eval_step(state.step), c.is_checkpoint_step(state.step)
         log_now = state.step % t.log_interval == 0 or at_eval or bool(diag)
-        if log_now or at_save:  # the host runs ahead of a GPU: wait for it, so the times measure its work, not the queue
+        if log_now or at_save:  # a GPU runs behind the host: wait, so the times measure its work, not the queue
             synchronize(s.device)
         step_time = time.perf_counter() - step_start
         state.train_time += step_time
