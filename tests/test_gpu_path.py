@@ -18,6 +18,7 @@ from tiecli.run.reader import RunReader
 SAVE_S = 0.5  # each checkpoint save is made this much slower; the clock of tokens/s must not see it
 
 
+@pytest.mark.slow
 def test_tokens_per_s_leaves_out_checkpoint_saves_and_evaluations(tmp_path, monkeypatch):
     """A save at every step, each SAVE_S slower, and evaluations SAVE_S slower: each logged interval of
     3 steps of a nano model still reads as the steps' own time, and the run's wall time holds the rest."""
