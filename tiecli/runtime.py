@@ -236,13 +236,14 @@ def autocast_for(device: torch.device, dtype: str):
 @contextlib.contextmanager
 def full_fp32() -> Iterator[None]:
     """float32 matmuls in full precision inside: training turns TF32 on for CUDA (prepare.py), which
-    rounds fp32 inputs to 10 mantissa bits; measurements written as float32 (the geometry) must not be."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
+    rounds fp32 inputs to 10 mantissa bits; measurements written as float32 (the geometry) must not be.
+    Through the same (legacy) flag prepare.py sets: torch refuses to read the precision once both APIs are used."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(before)
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def grad_scaler(device: torch.device, dtype: str) -> torch.amp.GradScaler | None:
