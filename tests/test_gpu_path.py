@@ -53,8 +53,7 @@ def test_the_time_budget_bounds_each_split_in_whole_powers_of_two_windows():
     assert budget_tokens(None, None, 3, 10, 128) == (None, "")
 
 
-@pytest.mark.slow
-def test_a_run_states_its_time_budget_before_step_1_and_keeps_it_on_resume(tmp_path, capsys):
+def test_a_run_states_its_time_budget_before_step_1_and_keeps_it_in_the_checkpoint(tmp_path, capsys):
     """eval.max_seconds so small that the budget is MIN_BUDGET_WINDOWS windows a split: the line before
     step 1 says so, eval.json holds that subset with its standard error, the checkpoint keeps the budget."""
     cfg, files = setup("train.max_steps=3", "eval.max_seconds=1e-6")
