@@ -40,6 +40,9 @@ from tiecli.runtime import affinity
 TIMEOUT_S = 1800
 SHUTDOWN_S = 300  # how long --nproc's launcher waits for the ranks to checkpoint after a signal
 PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "Timed out")
+# Of those, the words that say a peer went away; any other NCCL error (a bad GPU, an illegal memory access,
+# a misconfigured network) is reported as what it is, not as a lost rank.
+LOST_PEER = ("closed by peer", "reset by peer", "Timed out", "timed out", "Timeout", "remote process exited")
 
 
 class PeerLost(TiecliError):
@@ -161,12 +164,17 @@ def process_group() -> Iterator[None]:
     except RuntimeError as e:  # gloo reports a lost peer as a plain RuntimeError; NCCL as a DistError
         if not isinstance(e, dist.DistError) and not any(w in str(e) for w in PEER_ERRORS):
             raise
-        raise PeerLost(
-            f"rank {rank()} of {world_size()}: another rank stopped or cannot be reached ({first_line(e)}); "
-            "the run's last checkpoint is kept"
-        ) from None
+        raise collective_error(e) from None
     finally:
         dist.destroy_process_group()
+
+
+def collective_error(e: BaseException) -> PeerLost:
+    """A failed collective as one line: a lost peer (gloo's closed sockets, a timeout) as such, any other
+    NCCL error as the failure it is, with its first line."""
+    lost = "NCCL" not in str(e) or any(w in str(e) for w in LOST_PEER)
+    what = "another rank stopped or cannot be reached" if lost else "a collective operation failed"
+    return PeerLost(f"rank {rank()} of {world_size()}: {what} ({first_line(e)}); the run's last checkpoint is kept")
 
 
 def first_line(e: BaseException) -> str:

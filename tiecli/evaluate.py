@@ -58,12 +58,34 @@ def final_windows(corpus: Corpus, split: str, block_size: int, max_tokens: int |
     return [full[i] for i in picked], len(windows)
 
 
+MIN_BUDGET_WINDOWS = 8  # a time budget never cuts a split below this many windows: enough for a standard error
+
+
+def budget_tokens(
+    max_tokens: int | None, max_seconds: float | None, splits: int, tokens_per_s: float, block_size: int
+) -> tuple[int | None, str]:
+    """The tokens a split of the final evaluation may read, and which setting bounds it ("" when none does).
+
+    eval.max_tokens bounds it in tokens; eval.max_seconds in time: all the splits together at most
+    that long at tokens_per_s (the step-0 evaluation's pace), so each split max_seconds / splits of it,
+    never under MIN_BUDGET_WINDOWS windows, and rounded down to a power of two windows, so that runs on
+    one machine, whose paces differ by a little, read the same subset. Decided before step 1, so the
+    run states it up front."""
+    if max_seconds is None:
+        return max_tokens, "" if max_tokens is None else "eval.max_tokens"
+    windows = max(MIN_BUDGET_WINDOWS, int(max_seconds / splits * tokens_per_s / block_size))
+    timed = 2 ** (windows.bit_length() - 1) * block_size
+    if max_tokens is not None and max_tokens <= timed:
+        return max_tokens, "eval.max_tokens"
+    return timed, "eval.max_seconds"
+
+
 def expected_line(
-    corpus: Corpus, splits: list[str], block_size: int, max_tokens: int | None, tokens_per_s: float
+    corpus: Corpus, splits: list[str], block_size: int, max_tokens: int | None, tokens_per_s: float, bound: str = ""
 ) -> str:
     """The final evaluation's size and its expected time at the pace of an evaluation just measured."""
     tokens = sum(len(final_windows(corpus, split, block_size, max_tokens)[0]) * block_size for split in splits)
-    capped = "" if max_tokens is None else f", at most {max_tokens:,} a split (eval.max_tokens)"
+    capped = "" if max_tokens is None else f", at most {max_tokens:,} a split ({bound or 'eval.max_tokens'})"
     return (
         f"final evaluation: {', '.join(splits)}, {tokens:,} tokens{capped}; "
         f"about {tokens / max(tokens_per_s, 1e-9):,.0f} s at the step-0 evaluation's pace"
@@ -143,9 +165,9 @@ def _summed(model, corpus, split, buckets, device, autocast, windows, check) -> 
             x, y = batch[:, :-1], batch[:, 1:]
             with autocast():
                 loss = model(x, y, reduction="none")  # (B, T)
-            b = bucket_of[y].flatten()
-            nll += torch.bincount(b, weights=loss.flatten().double(), minlength=len(BUCKETS))
-            count += torch.bincount(b, minlength=len(BUCKETS)).double()
+            b = bucket_of[y].flatten()  # index_add_, not bincount: bincount sizes its output on the host (a GPU sync)
+            nll.index_add_(0, b, loss.flatten().double())
+            count.index_add_(0, b, torch.ones_like(b, dtype=torch.float64))
             n_bytes += token_bytes[y].sum()
             if length == block_size:
                 means = loss.double().mean(1)  # (B,)

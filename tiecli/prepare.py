@@ -46,6 +46,8 @@ def prepare(config: Config) -> Setup:
     distributed.rank_shape(config.train, distributed.world_size())  # the world size must divide the global batch
     compiled = pick_compile(config.compile, device, config.max_steps)
     if device.type == "cuda":
+        if device.index is not None:  # cuda:N becomes the current device: what uses that one lands on N too
+            torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     corpus = distributed.local_first(lambda: load_corpus(config.data, config.tokenizer))  # one rank builds the cache

@@ -42,6 +42,8 @@ class TrainState:
     loss_n: int = 0
     run_id: str | None = None  # summary.json's: a resume refuses a checkpoint of another run
     logged_step: int | None = None  # the step of the last metrics.jsonl row: a resume checks the file still has it
+    eval_tokens: int | None = None  # the final evaluation's tokens a split, decided before step 1 (None: whole splits)
+    eval_bound: str = ""  # which setting decided eval_tokens: eval.max_tokens or eval.max_seconds
 
 
 def new_summary(s: Setup, name: str) -> Summary:

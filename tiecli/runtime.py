@@ -19,7 +19,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -231,6 +231,19 @@ def autocast_for(device: torch.device, dtype: str):
     if dtype in AUTOCAST:
         return lambda: torch.autocast(device_type=device.type, dtype=AUTOCAST[dtype])
     return contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def full_fp32() -> Iterator[None]:
+    """float32 matmuls in full precision inside: training turns TF32 on for CUDA (prepare.py), which
+    rounds fp32 inputs to 10 mantissa bits; measurements written as float32 (the geometry) must not be.
+    Through the same (legacy) flag prepare.py sets: torch refuses to read the precision once both APIs are used."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def grad_scaler(device: torch.device, dtype: str) -> torch.amp.GradScaler | None:

@@ -17,7 +17,7 @@ from tiecli import cancellation, checkpoint, diagnostics, distributed
 from tiecli.config.schema import Config
 from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
-from tiecli.evaluate import evaluate, expected_line, final_windows
+from tiecli.evaluate import budget_tokens, evaluate, expected_line, final_windows
 from tiecli.model import Embeddings
 from tiecli.optim import lr_at, untie, untie_step
 from tiecli.prepare import Setup, prepare
@@ -26,7 +26,7 @@ from tiecli.run.layout import INIT_CHECKPOINT, SNAPSHOTS
 from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary, parse_record
 from tiecli.run.writer import RunWriter
 from tiecli.runstate import TrainState, finish, mean_loss, open_on_ranks, run_threads, save_checkpoint
-from tiecli.runtime import peak_memory, synchronize
+from tiecli.runtime import full_fp32, peak_memory, synchronize
 
 
 class Interrupted(TiecliError):
@@ -141,8 +141,8 @@ def fit(
     loss_acc = torch.tensor(state.loss_sum, device=s.device)  # train loss summed since the last log line
     if fresh and run:  # a checkpoint at step 0 (stopped before the first step) already has these
         log_step_0(s, run, state, progress, emb0)
-    interval_start, interval_tokens = time.perf_counter(), 0
-    tick = interval_start
+    interval_time, interval_tokens = 0.0, 0  # the steps' own time since the last log line: no evaluation, no save
+    tick = time.perf_counter()
     while state.step < max_steps and not distributed.any_rank(stop.requested):  # a signal to any rank stops all
         step_start = time.perf_counter()
         state.wall_time += step_start - tick  # everything between steps too: logging, evaluation, checkpoints
@@ -163,16 +163,18 @@ def fit(
             s.batches.prefetch()  # the host reads the next step's windows while the device runs this one
         state.tokens += c.tokens_per_step
         state.loss_n += 1
-        at_eval = c.is_eval_step(state.step)
+        at_eval, at_save = c.is_eval_step(state.step), c.is_checkpoint_step(state.step)
         log_now = state.step % t.log_interval == 0 or at_eval or bool(diag)
-        if log_now:  # the host runs ahead of a GPU: wait for it, so the times measure its work, not the queue
+        if log_now or at_save:  # a GPU runs behind the host: wait, so the times measure its work, not the queue
             synchronize(s.device)
-        state.train_time += time.perf_counter() - step_start
+        step_time = time.perf_counter() - step_start
+        state.train_time += step_time
+        interval_time += step_time
         interval_tokens += c.tokens_per_step
         progress.advance(state.step)
 
         if log_now:
-            tps = interval_tokens / (time.perf_counter() - interval_start)
+            tps = interval_tokens / max(interval_time, 1e-9)
             loss = mean_loss(distributed.mean_(loss_acc), state, run)
             if run:  # rank 0 evaluates and writes; the others wait for it in the next step
                 row = MetricsRow(state.step, state.tokens, lr, loss, grad_norm.item(), tps, diag=diag)
@@ -181,8 +183,8 @@ def fit(
                     record_geometry(s, run, emb0, state.step)
             loss_acc.zero_()
             state.loss_n = 0
-            interval_start, interval_tokens = time.perf_counter(), 0
-        if c.is_checkpoint_step(state.step):
+            interval_time, interval_tokens = 0.0, 0
+        if at_save:
             save_checkpoint(s, run, state, loss_acc, keep=True)
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
@@ -190,14 +192,17 @@ def fit(
 
 
 def log_step_0(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, emb0) -> None:
-    """The step-0 evaluation and geometry, and the expected final-evaluation time, timed from the former."""
+    """The step-0 evaluation and geometry; the final evaluation's budget (eval.max_tokens, eval.max_seconds
+    at the pace just measured), kept in the state so a resume evaluates the same, and its expected time."""
     c, t = s.config, s.config.train
     start = time.perf_counter()
     log(run, state, MetricsRow(step=0, tokens=0, lr=0.0), subset_evals(s), progress)
     pace = 2 * t.eval_batches * t.batch_size * c.model.block_size / (time.perf_counter() - start)
     splits = ["val", "train", *(["test"] if c.eval.test else [])]
-    world = distributed.world_size()  # the final evaluation is sharded across the ranks
-    progress.plain(expected_line(s.corpus, splits, c.model.block_size, c.eval.max_tokens, pace * world))
+    pace *= distributed.world_size()  # the final evaluation is sharded across the ranks
+    b = c.model.block_size
+    state.eval_tokens, state.eval_bound = budget_tokens(c.eval.max_tokens, c.eval.max_seconds, len(splits), pace, b)
+    progress.plain(expected_line(s.corpus, splits, b, state.eval_tokens, pace, state.eval_bound))
     record_geometry(s, run, emb0, 0)
 
 
@@ -266,12 +271,15 @@ def final_evals(s: Setup, state: TrainState, stop: StopFlag) -> list[EvalResult]
     One process stops between batches on Ctrl-C; ranks, whose shares differ by a batch, agree on a
     stop before each split (a rank that left alone would leave the others waiting in the reduction)."""
     block_size, alone = s.config.model.block_size, distributed.world_size() == 1
+    budget = distributed.from_rank0(lambda: state.eval_tokens)  # rank 0 decided it at step 0
+    if budget is None and not state.eval_bound:  # a checkpoint from before the time budget: eval.max_tokens
+        budget = s.config.eval.max_tokens
     results = []
     for split in ["val", "train", *(["test"] if s.config.eval.test else [])]:
         if distributed.any_rank(stop.requested):
             stop.requested = True
             stop.check()
-        windows = final_windows(s.corpus, split, block_size, s.config.eval.max_tokens)
+        windows = final_windows(s.corpus, split, block_size, budget)
         check = stop.check if alone else None
         result = evaluate(
             s.model, s.corpus, split, s.buckets, s.device, s.autocast, check=check, windows=windows, shard=True
@@ -299,7 +307,10 @@ def record_geometry(s: Setup, run: RunWriter, emb0: Embeddings | None, step: int
     d = s.config.diag
     if not d.geometry or emb0 is None:  # emb0: rank 0's, the only rank that records
         return
-    entry = diagnostics.embedding_geometry(s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed)
+    with full_fp32():  # the geometry is float32 by design: no TF32 matmuls, which training enables on CUDA
+        entry = diagnostics.embedding_geometry(
+            s.model.emb, emb0, s.corpus.counts, s.buckets, s.pairs, s.pairs_info, d.seed
+        )
     run.geometry(parse_record(GeometryEntry, {"step": step, **entry}, "a geometry entry"))
     run.row_sample(step, *diagnostics.row_sample(s.model.emb, s.corpus.counts))
     if d.snapshots and snapshot_due(s.config, step):

@@ -123,6 +123,10 @@ def _validate(c: Config) -> None:
         c.eval.max_tokens is None or c.eval.max_tokens >= c.model.block_size,
         f"eval.max_tokens={c.eval.max_tokens} must be at least model.block_size={c.model.block_size} (or null: whole splits)",
     )
+    need(
+        c.eval.max_seconds is None or c.eval.max_seconds > 0,
+        f"eval.max_seconds={c.eval.max_seconds} must be above 0 (or null: no time bound)",
+    )
     b = c.eval.buckets
     need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
     tb, wb = c.logger.tensorboard, c.logger.wandb

@@ -37,8 +37,9 @@ ALTERNATIVES = {
 }
 # Keys added after runs were written, with the value that keeps those runs' behaviour where conf/'s own default
 # differs (see recompose): a run without train.checkpoints saved every checkpoint_interval steps, also where
-# conf/hardware/gpu.yaml now gives 10; one without eval.max_tokens evaluated whole splits.
-ADDED = {"train.checkpoints": None, "eval.max_tokens": None}
+# conf/hardware/gpu.yaml now gives 4; one without eval.max_tokens evaluated whole splits, one without
+# eval.max_seconds without a time bound.
+ADDED = {"train.checkpoints": None, "eval.max_tokens": None, "eval.max_seconds": None}
 
 
 def hardware_for(device: str) -> str:

@@ -68,6 +68,7 @@ class EvalConfig:
     buckets: list[float]
     test: bool
     max_tokens: int | None
+    max_seconds: float | None  # the final evaluation's time budget at the step-0 evaluation's pace
 
 
 @dataclass
