@@ -15,32 +15,34 @@ from tiecli.evaluate import MIN_BUDGET_WINDOWS, budget_tokens
 from tiecli.run.layout import CHECKPOINT
 from tiecli.run.reader import RunReader
 
-SAVE_S = 0.5  # each checkpoint save is made this much slower; the clock of tokens/s must not see it
+SAVE_S = 1000.0  # each save and evaluation moves the clock on this far; the clock of tokens/s must not see it
 
 
 @pytest.mark.slow
 def test_tokens_per_s_leaves_out_checkpoint_saves_and_evaluations(tmp_path, monkeypatch):
-    """A save at every step, each SAVE_S slower, and evaluations SAVE_S slower: each logged interval of
-    3 steps of a nano model still reads as the steps' own time, and the run's wall time holds the rest."""
-    save, subset = train.save_checkpoint, train.subset_evals
+    """A save at every step and evaluations that each take SAVE_S on the clock the loop reads (the clock is moved
+    on, not slept through, so a loaded machine cannot blur it): each logged interval of 3 steps of a nano model
+    still reads as the steps' own time, and the run's wall time holds the rest."""
+    save, subset, real = train.save_checkpoint, train.subset_evals, time.perf_counter
+    skipped = [0.0]
 
-    def slow_save(*args, **kwargs):
-        time.sleep(SAVE_S)
-        return save(*args, **kwargs)
+    def slow(work):
+        def wrapped(*args, **kwargs):
+            skipped[0] += SAVE_S
+            return work(*args, **kwargs)
 
-    def slow_evals(*args, **kwargs):
-        time.sleep(SAVE_S)
-        return subset(*args, **kwargs)
+        return wrapped
 
-    monkeypatch.setattr(train, "save_checkpoint", slow_save)
-    monkeypatch.setattr(train, "subset_evals", slow_evals)
+    monkeypatch.setattr(train, "save_checkpoint", slow(save))
+    monkeypatch.setattr(train, "subset_evals", slow(subset))
+    monkeypatch.setattr(train.time, "perf_counter", lambda: real() + skipped[0])
     cfg, files = setup("train.max_steps=6", "train.checkpoint_interval=1", "train.eval_interval=3")
     summary = train.train(cfg, tmp_path / "run", False, files)
     rows = [r for r in RunReader(tmp_path / "run").metrics() if r.step > 0]
     assert [r.step for r in rows] == [3, 6]
     for row in rows:  # 3 steps of 128 tokens; with one save or evaluation inside, the interval would be >= SAVE_S
         assert 3 * cfg.tokens_per_step / row.tokens_per_s < SAVE_S / 2, row
-    assert summary.train_time < 6 * SAVE_S / 2 and summary.wall_time > summary.train_time + 6 * SAVE_S
+    assert summary.train_time < SAVE_S / 2 and summary.wall_time > summary.train_time + 6 * SAVE_S
 
 
 def test_the_time_budget_bounds_each_split_in_whole_powers_of_two_windows():

@@ -46,14 +46,14 @@ def test_summary_records_the_peak_memory(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_hardware_auto_picks_gpu_defaults_where_cuda_is(monkeypatch):
-    """With CUDA, hardware=auto is hardware=gpu: 16 x 1024-token micro-batches, 20 evaluations and 10
+    """With CUDA, hardware=auto is hardware=gpu: 16 x 1024-token micro-batches, 20 evaluations and 4
     checkpoints a run; device=cpu keeps the CPU defaults, and hardware=gpu picks them without a GPU."""
     cpu = to_config(compose([])[0])
     assert (cpu.train.batch_size, cpu.model.block_size, cpu.train.evals, cpu.train.checkpoints) == (16, 128, 5, None)
     assert to_config(compose(["hardware=gpu"])[0]).model.block_size == 1024
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     gpu = to_config(compose([])[0])
-    assert (gpu.train.batch_size, gpu.model.block_size, gpu.train.evals, gpu.train.checkpoints) == (16, 1024, 20, 10)
+    assert (gpu.train.batch_size, gpu.model.block_size, gpu.train.evals, gpu.train.checkpoints) == (16, 1024, 20, 4)
     assert gpu.tokens_per_step == distributed.MIN_GPU_BATCH_TOKENS
     assert compose(["device=cpu"])[0].model.block_size == 128
     assert compose(["hardware=cpu"])[0].train.evals == 5

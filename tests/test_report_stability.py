@@ -15,6 +15,7 @@ import torch
 from helpers import V, expected_verdict, interval, make_run, params, results, tiecli, tost
 from scipy import stats
 
+from tiecli.report.results import later
 from tiecli.run.files import write_json
 from tiecli.run.layout import SUMMARY
 from tiecli.run.reader import RunReader
@@ -224,10 +225,12 @@ def test_stability_rows_count_spikes_and_read_early_grad_norm_jitter(pairs):
     assert [number(runs[("nano tied", s)]["grad_norm_excursions"]) for s in range(3)] == [
         excursions(NORMS["tied"](s)) for s in range(3)
     ]
-    assert header[-5:] == [
+    first = header.index("grad_norm_excursions")  # the first of the columns added after findings were committed
+    assert header[first : first + 5] == [
         "grad_norm_excursions",
         *(f"grad_norm_excursions_{k}" for k in ("mean", "sd", "low", "high")),
     ]
+    assert all(later(name) is not None for name in header[first:])  # every later column after every earlier one
     assert "1.1 x the median" in data["rules"]["claim C2 stability (spikes)"]
     assert "first 20%" in data["rules"]["claim C2 stability (grad norm)"]
     page = (pairs.parent / "out" / "report.md").read_text()  # the terminal shows the short claims table only

@@ -42,7 +42,7 @@ def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
         ["model=micro", "tying=untied", "seed=0", "train.lr=1e-3"],
     ]
     assert dry_run("seed=range(0,3)") == [["seed=0"], ["seed=1"], ["seed=2"]]
-    modes = ["hybrid", "partial", "scaled", "tied", "tied_bias", "untied"]
+    modes = ["hybrid", "partial", "scaled", "tied", "tied_bias", "tied_then_untied", "untied"]
     assert dry_run("tying=glob(*,exclude=untied_init)") == [[f"tying={m}"] for m in modes]
     Path("mine/tying").mkdir(parents=True)
     Path("mine/tying/half.yaml").write_text("mode: partial\nshared_fraction: 0.5\n")
@@ -366,7 +366,7 @@ def test_the_eta_counts_down_between_logged_steps(monkeypatch):
 
 @pytest.mark.slow
 def test_default_names_are_shell_safe_short_and_unique(isolated):
-    modes = ["hybrid", "partial", "scaled", "tied", "tied_bias", "untied"]
+    modes = ["hybrid", "partial", "scaled", "tied", "tied_bias", "tied_then_untied", "untied"]
     cases = [
         ("tying_vs_size", []),
         ("tying_vs_size", [("model", ["micro"])]),
@@ -396,7 +396,7 @@ def test_default_names_are_shell_safe_short_and_unique(isolated):
     assert re.fullmatch(r"tying-seed-[0-9a-f]{8}", names[6])  # too long to spell out
 
     result = tiecli("sweep", "tying=glob(*,exclude=untied_init)", "seed=range(0,3)", "--dry-run", "--no-estimate")
-    assert result.output.startswith(f"sweep '{names[6]}': 18 job(s)"), result.output
+    assert result.output.startswith(f"sweep '{names[6]}': 21 job(s)"), result.output
     assert tiecli("sweep", "seed=range(0,2)", "--dry-run", "--no-estimate").output.startswith(
         "sweep 'seed-0-1': "
     )  # as seed=0,1

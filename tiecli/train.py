@@ -148,11 +148,8 @@ def fit(
         state.wall_time += step_start - tick  # everything between steps too: logging, evaluation, checkpoints
         tick = step_start
         if switch is not None and model.emb.untie_pending and state.step >= switch:  # tied_then_untied's switch
-            untie(model, optimizer)
-            progress.plain(f"step {state.step}: the shared matrix is now two (tying.untie_at={c.model.untie_at})")
-        lr = lr_at(state.step, c)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]
+            untie_now(s, state.step, progress)
+        lr = set_lr(optimizer, state.step, c)
         diag_now = d.every > 0 and (state.step + 1) % d.every == 0
         present = micro_steps(s, loss_acc, diag_now)
         diag = grad_stats(s, present, buckets_t, state.step, pair_index)
@@ -189,6 +186,20 @@ def fit(
     if state.step < max_steps:
         save_checkpoint(s, run, state, loss_acc)
         raise Interrupted(f"interrupted at step {state.step}/{max_steps}; checkpoint saved")
+
+
+def untie_now(s: Setup, step: int, progress: TrainProgress) -> None:
+    """tying=tied_then_untied: the shared matrix becomes two, each with its AdamW state; said in one line."""
+    untie(s.model, s.optimizer)
+    progress.plain(f"step {step}: the shared matrix is now two (tying.untie_at={s.config.model.untie_at})")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, step: int, c: Config) -> float:
+    """The schedule's peak-relative rate at this step, set on every group at its own scale; returns it."""
+    lr = lr_at(step, c)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+    return lr
 
 
 def log_step_0(s: Setup, run: RunWriter, state: TrainState, progress: TrainProgress, emb0) -> None:

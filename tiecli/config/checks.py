@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tiecli import tokenizer
 from tiecli.config.messages import message
-from tiecli.config.schema import Composed, Config, LauncherConfig, Settings, TrainConfig
+from tiecli.config.schema import Composed, Config, DataConfig, LauncherConfig, Settings, TrainConfig
 from tiecli.errors import ConfigError
 from tiecli.model import GPTConfig
 
@@ -88,27 +88,7 @@ def _validate(c: Config) -> None:
     need(c.compile in COMPILE, f"compile={c.compile!r} is not valid; choose one of {', '.join(COMPILE)}")
     for key, seed in (("seed", c.seed), ("data.split_seed", c.data.split_seed), ("diag.seed", c.diag.seed)):
         need(0 <= seed < SEED_LIMIT, f"{key}={seed} is not valid; a seed is an integer in [0, 2**63)")
-    need(
-        c.data.split in DATA_SPLITS, f"data.split={c.data.split!r} is not valid; choose one of {', '.join(DATA_SPLITS)}"
-    )
-    fractions = c.data.val_fraction + c.data.test_fraction
-    need(
-        0 < c.data.val_fraction and 0 < c.data.test_fraction and fractions < 1,
-        f"data.val_fraction={c.data.val_fraction} and data.test_fraction={c.data.test_fraction} must be > 0 and sum below 1",
-    )
-    need(c.data.n_blocks >= 3, f"data.n_blocks={c.data.n_blocks} must be at least 3 (train, val, test)")
-    need(
-        c.data.num_proc is None or c.data.num_proc >= 1,
-        f"data.num_proc={c.data.num_proc} must be at least 1 (or null: all cores)",
-    )
-    need(
-        c.data.name != "hf" or (c.data.files is None) != (c.data.hub is None),
-        "data=hf reads data.files=PATH (local files or a saved dataset folder) or data.hub=NAME (a Hub dataset): give exactly one",
-    )
-    need(
-        c.data.name == "hf" or (c.data.files is None and c.data.hub is None),
-        f"data.files and data.hub are read by data=hf only; data={c.data.name} reads data.path",
-    )
+    _validate_data(c.data)
     need(
         c.tokenizer.train_bytes is None or c.tokenizer.train_bytes >= 1,
         f"tokenizer.train_bytes={c.tokenizer.train_bytes} must be at least 1 (or null: the whole training split)",
@@ -140,6 +120,29 @@ def _validate(c: Config) -> None:
             wb.mode in WANDB_MODES,
             f"logger.wandb.mode={wb.mode!r} is not valid; choose one of {', '.join(WANDB_MODES)}",
         )
+
+
+def _validate_data(d: DataConfig) -> None:
+    """The data group's values: the split, its fractions and blocks, processes, and data=hf's source."""
+    _need(d.split in DATA_SPLITS, f"data.split={d.split!r} is not valid; choose one of {', '.join(DATA_SPLITS)}")
+    fractions = d.val_fraction + d.test_fraction
+    _need(
+        0 < d.val_fraction and 0 < d.test_fraction and fractions < 1,
+        f"data.val_fraction={d.val_fraction} and data.test_fraction={d.test_fraction} must be > 0 and sum below 1",
+    )
+    _need(d.n_blocks >= 3, f"data.n_blocks={d.n_blocks} must be at least 3 (train, val, test)")
+    _need(
+        d.num_proc is None or d.num_proc >= 1,
+        f"data.num_proc={d.num_proc} must be at least 1 (or null: all cores)",
+    )
+    _need(
+        d.name != "hf" or (d.files is None) != (d.hub is None),
+        "data=hf reads data.files=PATH (local files or a saved dataset folder) or data.hub=NAME (a Hub dataset): give exactly one",
+    )
+    _need(
+        d.name == "hf" or (d.files is None and d.hub is None),
+        f"data.files and data.hub are read by data=hf only; data={d.name} reads data.path",
+    )
 
 
 def _validate_train(t: TrainConfig) -> None:

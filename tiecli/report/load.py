@@ -176,6 +176,35 @@ def reason(error: Exception, name: str) -> str:
     return text.removeprefix(f"run {name}: ")
 
 
+def curves(metrics: list[MetricsRow]) -> dict[str, list]:
+    """The run's curves from metrics.jsonl: validation loss by step and tokens, (train, val) loss pairs for the
+    equal-fit gap, the gradient cosine, the two paths' gradient norms, the training loss and the gradient norm."""
+    return {
+        "curve": [(r.step, r.tokens, r.val_loss) for r in metrics if r.val_loss is not None],
+        "fit": [(r.train_eval_loss, r.val_loss) for r in metrics if None not in (r.val_loss, r.train_eval_loss)],
+        "grad": [(r.step, cast(float, r.diag["grad_cos"])) for r in metrics if _number(r.diag.get("grad_cos"))],
+        "paths": [
+            (r.step, cast(float, r.diag["grad_norm_in"]), cast(float, r.diag["grad_norm_out"]))
+            for r in metrics
+            if _number(r.diag.get("grad_norm_in")) and _number(r.diag.get("grad_norm_out"))
+        ],
+        "train_losses": [(r.step, r.loss) for r in metrics if _number(r.loss)],
+        "grad_norms": [(r.step, r.grad_norm) for r in metrics if _number(r.grad_norm)],
+    }
+
+
+def run_setting(config: dict, choices: dict, dtype: str | None) -> dict:
+    """The run's flattened config as reports group it: keys added to conf/ since at the value older runs trained
+    with, and `dtype: auto` as the precision the run trained in (bf16 on one machine, fp32 on another)."""
+    setting = flatten(config)
+    for key, (modes, value) in ADDED_SETTINGS.items():
+        if modes is None or choices.get("tying") in modes:
+            setting.setdefault(key, value)
+    if setting.get("dtype") == "auto" and dtype:
+        setting["dtype"] = dtype
+    return setting
+
+
 def load_run(path: Path) -> Run:
     """One completed run directory as a Run; Skip, with the reason, when it cannot be used."""
     reader = RunReader(path)
@@ -196,13 +225,7 @@ def load_run(path: Path) -> Run:
     if bad := not_finite(final, evals, metrics):
         raise Skip(f"losses are NaN or infinite: {bad}")
     try:
-        setting = flatten(config)
-        for key, (modes, value) in ADDED_SETTINGS.items():
-            if modes is None or choices.get("tying") in modes:
-                setting.setdefault(key, value)
-        if setting.get("dtype") == "auto" and summary.dtype:
-            # group by the precision the run trained in: `auto` is bf16 on one machine and fp32 on another
-            setting["dtype"] = summary.dtype
+        setting = run_setting(config, choices, summary.dtype)
         return Run(
             name=path.name,
             path=str(path),
@@ -219,18 +242,7 @@ def load_run(path: Path) -> Run:
             test=evals["test"].brief() if "test" in evals else None,
             gap=generalisation_gap(evals, metrics),
             flops=training_flops(setting, summary.params["non_embedding"], summary.tokens),
-            curve=[(r.step, r.tokens, r.val_loss) for r in metrics if r.val_loss is not None],
-            fit=[
-                (r.train_eval_loss, r.val_loss)
-                for r in metrics
-                if r.val_loss is not None and r.train_eval_loss is not None
-            ],
-            grad=[(r.step, cast(float, r.diag["grad_cos"])) for r in metrics if _number(r.diag.get("grad_cos"))],
-            paths=[
-                (r.step, cast(float, r.diag["grad_norm_in"]), cast(float, r.diag["grad_norm_out"]))
-                for r in metrics
-                if _number(r.diag.get("grad_norm_in")) and _number(r.diag.get("grad_norm_out"))
-            ],
+            **curves(metrics),
             rows=sample,
             drift=[(e.step, e.input.get("drift"), None if e.tied else e.output.get("drift")) for e in entries],
             spectra=(entries[-1].input["singular_values"], entries[-1].output["singular_values"]) if entries else None,
@@ -238,8 +250,6 @@ def load_run(path: Path) -> Run:
             diag=diagnostics(metrics, entries),
             pairs={**entries[-1].pairs, "used": entries[-1].input.get("forms_n_pairs")} if entries else None,
             corpus=summary.corpus,
-            train_losses=[(r.step, r.loss) for r in metrics if _number(r.loss)],
-            grad_norms=[(r.step, r.grad_norm) for r in metrics if _number(r.grad_norm)],
             device=summary.device,
             dtype=summary.dtype,
             threads=summary.threads,
@@ -333,7 +343,9 @@ def diverged_run(path: Path) -> DivergedRun | None:
         if summary.status != "failed" or not (summary.error or "").startswith("Diverged"):
             return None
         config, choices = reader.config(), reader.overrides()["choices"]
-        return DivergedRun(path.name, config["seed"], flatten(config), choices, summary.step)
+        return DivergedRun(
+            path.name, config["seed"], run_setting(config, choices, summary.dtype), choices, summary.step
+        )
     except (FormatError, KeyError):
         return None
 
