@@ -80,43 +80,42 @@ def _need(ok: bool, message: str) -> None:
 
 
 def _validate(c: Config) -> None:
-    need = _need
     _validate_train(c.train)
     device_ok = c.device in DEVICES or re.fullmatch(r"cuda:\d+", c.device)
-    need(bool(device_ok), f"device={c.device!r} is not valid; choose one of {', '.join(DEVICES)} or cuda:N")
-    need(c.dtype in DTYPES, f"dtype={c.dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
-    need(c.compile in COMPILE, f"compile={c.compile!r} is not valid; choose one of {', '.join(COMPILE)}")
+    _need(bool(device_ok), f"device={c.device!r} is not valid; choose one of {', '.join(DEVICES)} or cuda:N")
+    _need(c.dtype in DTYPES, f"dtype={c.dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
+    _need(c.compile in COMPILE, f"compile={c.compile!r} is not valid; choose one of {', '.join(COMPILE)}")
     for key, seed in (("seed", c.seed), ("data.split_seed", c.data.split_seed), ("diag.seed", c.diag.seed)):
-        need(0 <= seed < SEED_LIMIT, f"{key}={seed} is not valid; a seed is an integer in [0, 2**63)")
+        _need(0 <= seed < SEED_LIMIT, f"{key}={seed} is not valid; a seed is an integer in [0, 2**63)")
     _validate_data(c.data)
-    need(
+    _need(
         c.tokenizer.train_bytes is None or c.tokenizer.train_bytes >= 1,
         f"tokenizer.train_bytes={c.tokenizer.train_bytes} must be at least 1 (or null: the whole training split)",
     )
-    need(c.diag.every >= 0, f"diag.every={c.diag.every} must be >= 0 (0 turns the gradient statistics off)")
-    need(
+    _need(c.diag.every >= 0, f"diag.every={c.diag.every} must be >= 0 (0 turns the gradient statistics off)")
+    _need(
         c.diag.max_snapshots >= 2,
         f"diag.max_snapshots={c.diag.max_snapshots} must be at least 2 (step 0 and the last are "
         "always kept; diag.snapshots=false keeps none)",
     )
-    need(
+    _need(
         c.eval.max_tokens is None or c.eval.max_tokens >= c.model.block_size,
         f"eval.max_tokens={c.eval.max_tokens} must be at least model.block_size={c.model.block_size} (or null: whole splits)",
     )
-    need(
+    _need(
         c.eval.max_seconds is None or c.eval.max_seconds > 0,
         f"eval.max_seconds={c.eval.max_seconds} must be above 0 (or null: no time bound)",
     )
     b = c.eval.buckets
-    need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
+    _need(len(b) == 2 and 0 < b[0] < b[1] < 1, f"eval.buckets={b} must be two increasing fractions in (0, 1)")
     tb, wb = c.logger.tensorboard, c.logger.wandb
     if tb is not None and tb.projector_tokens is not None:
-        need(
+        _need(
             tb.projector_tokens >= 1,
             f"logger.tensorboard.projector_tokens={tb.projector_tokens} must be at least 1 (or null: all)",
         )
     if wb is not None:
-        need(
+        _need(
             wb.mode in WANDB_MODES,
             f"logger.wandb.mode={wb.mode!r} is not valid; choose one of {', '.join(WANDB_MODES)}",
         )
@@ -146,7 +145,6 @@ def _validate_data(d: DataConfig) -> None:
 
 
 def _validate_train(t: TrainConfig) -> None:
-    need = _need
     for key in (
         "max_steps",
         "batch_size",
@@ -156,40 +154,42 @@ def _validate_train(t: TrainConfig) -> None:
         "log_interval",
         "checkpoint_interval",
     ):
-        need(getattr(t, key) >= 1, f"train.{key}={getattr(t, key)} must be at least 1")
+        _need(getattr(t, key) >= 1, f"train.{key}={getattr(t, key)} must be at least 1")
     for key, instead in (
         ("max_tokens", "train.max_steps sets the steps"),
         ("evals", "every train.eval_interval steps"),
         ("checkpoints", "every train.checkpoint_interval steps"),
     ):
-        need(
+        _need(
             getattr(t, key) is None or getattr(t, key) >= 1,
             f"train.{key}={getattr(t, key)} must be at least 1 (or null: {instead})",
         )
-    need(
+    _need(
         t.keep_checkpoints >= 0,
         f"train.keep_checkpoints={t.keep_checkpoints} must be >= 0 (0: last.pt only)",
     )
-    need(t.sample_tokens >= 0, f"train.sample_tokens={t.sample_tokens} must be >= 0 (0: no sample after training)")
-    need(
+    _need(t.sample_tokens >= 0, f"train.sample_tokens={t.sample_tokens} must be >= 0 (0: no sample after training)")
+    _need(
         t.lr > 0 and 0 <= t.min_lr <= t.lr,
         f"train.lr={t.lr}, train.min_lr={t.min_lr}: need 0 <= min_lr <= lr and lr > 0",
     )
     for key in ("lr_embedding", "lr_output"):
-        need(
+        _need(
             getattr(t, key) is None or getattr(t, key) > 0,
             f"train.{key}={getattr(t, key)} must be > 0 (or null: train.lr)",
         )
-    need(
+    _need(
         t.warmup_fraction is None or 0 <= t.warmup_fraction < 1,
         f"train.warmup_fraction={t.warmup_fraction} is not in [0, 1) (or null: train.warmup_steps)",
     )
-    need(
+    _need(
         t.warmup_steps >= 0 and t.weight_decay >= 0 and t.grad_clip >= 0,
         "train.warmup_steps, weight_decay and grad_clip must be >= 0",
     )
     for key in ("beta1", "beta2"):
-        need(0 <= getattr(t, key) < 1, f"train.{key}={getattr(t, key)} is not in [0, 1): AdamW's betas are decay rates")
+        _need(
+            0 <= getattr(t, key) < 1, f"train.{key}={getattr(t, key)} is not in [0, 1): AdamW's betas are decay rates"
+        )
 
 
 def validate_launcher(c: LauncherConfig) -> None:

@@ -34,9 +34,9 @@ SESOI_DEFAULTS = {"ppl": 1.0, "cos": 0.05, "cka": 0.05, "drift": 10.0, "gnorm": 
 R4_PAIRS_SESOI = 0.02
 # R4 (cancellation): the smallest excess cancelled fraction of the paths' step along related pairs that matters
 R4_CANCEL_SESOI = 0.02
-UNTIED_INIT = "untied_init"
+UNTIED_INIT = "untied_init"  # untied, W_out starting as a copy of W_in: its in/out distance is 0 at step 0
 EPOCH_TOLERANCE = 0.01  # one epoch, up to the last batch's rounding (steps = ceil(tokens / tokens per step))
-LADDER = " -> "  # joins the labels of a ladder of scales, smallest first  # untied, W_out starting as a copy of W_in: its in/out distance is 0 at step 0
+LADDER = " -> "  # joins the labels of a ladder of scales, smallest first
 
 VERDICT_RULE = (
     "each tested row gets a two-sided t-test of its mean over seeds against 0 (slopes: the t-test on the slope's "
