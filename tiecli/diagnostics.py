@@ -308,7 +308,10 @@ def row_sample(emb: Embeddings, counts: np.ndarray) -> tuple[np.ndarray, np.ndar
     ids = np.sort(np.argsort(-np.asarray(counts), kind="stable")[:n])
     ids = ids[np.asarray(counts)[ids] > 0]
     rows = torch.from_numpy(ids).to(emb.wte.device)
-    sample = lambda w: w.detach()[rows].float().cpu().numpy()  # noqa: E731
+
+    def sample(w: torch.Tensor) -> np.ndarray:  # (V, C) -> (n, C), on the host
+        return w.detach()[rows].float().cpu().numpy()
+
     return ids, sample(emb.input_matrix()), None if emb.one_matrix else sample(emb.output_matrix())
 
 
