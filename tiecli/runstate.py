@@ -98,6 +98,8 @@ def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tu
         resuming.check_checkpoint(run.reader, ckpt, max(stored, s.config.train.log_interval))
         state = restore(s, ckpt, run_dir.name)
         state.run_id = run_id
+        if run.reader.summary().status == "completed":  # an extension that fails puts the run back (train.train)
+            run.keep_restore_point()
         run.truncate_after(state.step)
         run.rewrite(files)  # config.yaml with what the overrides extend (train.max_steps=...)
         return run, state, True

@@ -17,6 +17,7 @@ CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = (
     "eval.json",
 )
 GEOMETRY, LOCK, TRACKERS = "geometry.json", ".lock", "trackers.json"
+UNDO = ".undo"  # while --resume extends a completed run: hard links to its files as they were (RunWriter.undo)
 CHECKPOINT = Path("checkpoints") / "last.pt"
 INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
 SNAPSHOTS = Path("checkpoints") / "emb"
