@@ -2,13 +2,18 @@
 an emptied metrics.jsonl, malformed study files, each driven as a user meets it. Faults are simulated by
 monkeypatching the failing call (tests run as root, whom permission bits do not stop)."""
 
+from pathlib import Path
+
 import pytest
 import test_faults as faults
+from conftest import TINY
 from helpers import tiecli
 from test_faults import contents, disk_full, failed
 
+from tiecli.run.layout import CHECKPOINT
 from tiecli.run.reader import RunReader
 from tiecli.run.writer import RunWriter
+from tiecli.sweep import plan
 
 # test_faults' fixtures: small.txt in every test's folder, and a completed run X of its RUN (8 steps)
 corpus, trained, done = faults.corpus, faults.trained, faults.done
@@ -49,3 +54,36 @@ def test_a_failed_extension_leaves_the_completed_run_as_it_was(done, everything)
     assert result.exit_code == 0, result.output
     summary = RunReader(done).summary()
     assert (summary.status, summary.step) == ("completed", 12) and not (done / ".undo").exists()
+
+
+# --- 5. a sweep job that left no checkpoint starts again ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_sweep_job_with_no_checkpoint_starts_again_and_its_records_are_kept(isolated):
+    """Before: every rerun of the sweep failed the job with "start a new run with another --name"."""
+    sweep = [*TINY, "seed=0"]
+    folder, manifest, _ = plan.plan(sweep, None, Path("runs"), "nock")
+    job = manifest.jobs[0]
+    with pytest.MonkeyPatch.context() as mp:  # the disk fills as the first checkpoint (step 6) is written
+        from tiecli.run import writer
+
+        write = writer.atomic_write
+        mp.setattr(
+            writer,
+            "atomic_write",
+            lambda path, data: disk_full() if Path(path).name == "last.pt" else write(path, data),
+        )
+        failed(tiecli("train", *job.overrides, "--runs-dir", folder, "--name", job.name), 1, "No space left on device")
+    run = folder / job.run_dir
+    assert RunReader(run).summary().step == 6 and not (run / CHECKPOINT).exists()
+    before = contents(run)
+
+    result = tiecli("sweep", *sweep, "--name", "nock")
+    assert result.exit_code == 0, result.output
+    aside = folder / ".set-aside" / f"{job.run_dir}.0"
+    assert f"job {job.name} trained to step 6 but left no checkpoint to resume from" in result.output, result.output
+    assert contents(aside) == before  # the failed attempt's records, as they were
+    summary = RunReader(run).summary()
+    assert (summary.status, summary.step) == ("completed", 12) and [r.step for r in RunReader(run).metrics()][0] == 0
+    assert tiecli("sweep", *sweep, "--name", "nock").exit_code == 0  # the report and reruns see the one run
