@@ -8,7 +8,7 @@ import pytest
 import test_faults as faults
 from conftest import TINY
 from helpers import tiecli
-from test_faults import contents, disk_full, failed
+from test_faults import args, contents, disk_full, failed
 
 from tiecli.run.layout import CHECKPOINT
 from tiecli.run.reader import RunReader
@@ -87,3 +87,51 @@ def test_a_sweep_job_with_no_checkpoint_starts_again_and_its_records_are_kept(is
     summary = RunReader(run).summary()
     assert (summary.status, summary.step) == ("completed", 12) and [r.step for r in RunReader(run).metrics()][0] == 0
     assert tiecli("sweep", *sweep, "--name", "nock").exit_code == 0  # the report and reruns see the one run
+
+
+# --- 3. damaged cache entries are rebuilt ---------------------------------------------------------------------
+
+
+def cut_at_a_line(path: Path) -> None:
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[: len(lines) // 2]))  # whole lines: tiktoken's assertion on the vocabulary size
+
+
+def cut_mid_line(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-3])
+
+
+def cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def broken_json(path: Path) -> None:
+    path.write_text("{")
+
+
+DAMAGES = [
+    ("bpe", "*.tiktoken", cut_at_a_line, "tokenizer cache entry"),
+    ("bpe", "*.tiktoken", cut_mid_line, "tokenizer cache entry"),
+    ("bpe", "*.json", broken_json, "tokenizer cache entry"),
+    ("tokens", "*/train.bin", cut_in_half, "token cache entry"),
+    ("tokens", "*/meta.json", broken_json, "token cache entry"),
+    ("tokens", "*/counts.npy", cut_in_half, "token cache entry"),
+]
+
+
+@pytest.mark.slow
+def test_a_damaged_cache_entry_is_rebuilt_with_a_note(isolated, monkeypatch):
+    """Before: tracebacks (AssertionError in tiktoken, ValueError, mmap length, JSONDecodeError)."""
+    cache = isolated / "cache"
+    monkeypatch.setenv("TIECLI_CACHE_DIR", str(cache))
+    run = args("tokenizer=bpe", "tokenizer.vocab_size=300", "train.max_steps=2", "train.eval_interval=2")
+    assert tiecli("train", *run, "--name", "first").exit_code == 0
+    whole = {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()}
+    for i, (folder, pattern, damage, what) in enumerate(DAMAGES):
+        (path,) = (cache / folder).glob(pattern)
+        damage(path)
+        result = tiecli("train", *run, "--name", f"again{i}")
+        assert result.exit_code == 0 and "Traceback" not in result.output, (damage.__name__, path, result.output)
+        entry = path.with_suffix(".tiktoken") if folder == "bpe" else path.parent  # a tokenizer's, or a token split's
+        assert f"note: the {what} {entry} is damaged" in result.output
+        assert {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()} == whole  # rebuilt, byte for byte
