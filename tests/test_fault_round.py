@@ -2,6 +2,7 @@
 an emptied metrics.jsonl, malformed study files, each driven as a user meets it. Faults are simulated by
 monkeypatching the failing call (tests run as root, whom permission bits do not stop)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,36 @@ def test_a_damaged_cache_entry_is_rebuilt_with_a_note(isolated, monkeypatch):
         entry = path.with_suffix(".tiktoken") if folder == "bpe" else path.parent  # a tokenizer's, or a token split's
         assert f"note: the {what} {entry} is damaged" in result.output
         assert {p: p.read_bytes() for p in cache.rglob("*") if p.is_file()} == whole  # rebuilt, byte for byte
+
+
+# --- 6. a report that cannot be written leaves the earlier one whole ------------------------------------------
+
+
+def test_a_report_that_fills_the_disk_leaves_the_earlier_report_whole(sweep, monkeypatch):
+    """Before: the new report.md and figures lay beside the old results.csv/json/html, nothing marking it."""
+    out = sweep / "out"
+    assert tiecli("report", sweep, "--out", out).exit_code == 0
+    for path in out.iterdir():  # mark the earlier report's files, to tell them from the new ones
+        path.write_bytes(b"earlier " + path.name.encode())
+    (out / "mine.txt").write_text("a file of the user's")
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+    fsync, calls = os.fsync, {"n": 0}
+
+    def full_at_the_third(fd):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            disk_full()
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_the_third)
+    line = failed(tiecli("report", sweep, "--out", out), 1, "No space left on device")
+    assert "cannot write the report to" in line and "any report there is left as it was" in line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier  # no temporary file either
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    (out / "grad_cos.png").write_bytes(b"a figure the new report does not draw")
+    (out / "spectra.png").unlink()
+    assert tiecli("report", sweep, "--out", out).exit_code == 0
+    names = {p.name for p in out.iterdir()}
+    assert "report.md" in names and "mine.txt" in names and not any(n.startswith(".") for n in names)
+    assert all(b"earlier" not in (out / n).read_bytes() for n in names - {"mine.txt"})
