@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import test_faults as faults
 from conftest import TINY
-from helpers import tiecli
+from helpers import results, tiecli
 from test_faults import args, contents, disk_full, failed
 
 from tiecli.run.layout import CHECKPOINT
@@ -169,3 +169,20 @@ def test_a_report_that_fills_the_disk_leaves_the_earlier_report_whole(sweep, mon
     names = {p.name for p in out.iterdir()}
     assert "report.md" in names and "mine.txt" in names and not any(n.startswith(".") for n in names)
     assert all(b"earlier" not in (out / n).read_bytes() for n in names - {"mine.txt"})
+
+
+# --- 11. a report skips a run whose metrics.jsonl is empty ---------------------------------------------------
+
+
+@pytest.mark.parametrize("left", ["", '{"format": 1}\n'], ids=["empty", "header only"])
+def test_a_run_with_an_empty_metrics_log_is_skipped_with_its_reason(sweep, left):
+    """Before: it was kept: its group dropped to the seeds with curves and the convergence table said it
+    "never reaches the target"."""
+    run = sweep / "nano-tied-s1"
+    (run / "metrics.jsonl").write_text(left)
+    result = tiecli("report", sweep, "--out", sweep / "out")
+    assert result.exit_code == 0, result.output
+    data, groups, _ = results(sweep / "out")
+    assert {s["path"]: s["reason"] for s in data["skipped"]} == {str(run): "metrics.jsonl has no rows"}
+    assert groups["nano tied"]["n_seeds"] == 2 and "nano-tied-s1" not in {r["name"] for r in data["runs"]}
+    assert f"skipped {run}: metrics.jsonl has no rows" in result.output.replace("\n", "")
