@@ -2,14 +2,17 @@
 an emptied metrics.jsonl, malformed study files, each driven as a user meets it. Faults are simulated by
 monkeypatching the failing call (tests run as root, whom permission bits do not stop)."""
 
+import errno
 import os
+import resource
+import signal
 from pathlib import Path
 
 import pytest
 import test_faults as faults
 from conftest import TINY
 from helpers import results, tiecli
-from test_faults import args, contents, disk_full, failed
+from test_faults import RUN, args, contents, disk_full, failed
 
 from tiecli.run.layout import CHECKPOINT
 from tiecli.run.reader import RunReader
@@ -186,3 +189,30 @@ def test_a_run_with_an_empty_metrics_log_is_skipped_with_its_reason(sweep, left)
     assert {s["path"]: s["reason"] for s in data["skipped"]} == {str(run): "metrics.jsonl has no rows"}
     assert groups["nano tied"]["n_seeds"] == 2 and "nano-tied-s1" not in {r["name"] for r in data["runs"]}
     assert f"skipped {run}: metrics.jsonl has no rows" in result.output.replace("\n", "")
+
+
+# --- 2. a full disk while the token cache is written names its error and the entry ---------------------------
+
+
+def cache_files_only_small():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # ulimit -f: train.bin (60 kB of byte tokens) fails
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so the write fails with EFBIG instead of killing the process
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_the_token_cache_is_written_is_named(isolated):
+    """Before: `error: OSError` (numpy's tofile gives no strerror)."""
+    cache = isolated / "cache"
+    proc = faults.spawn(
+        "train",
+        *RUN,
+        "--name",
+        "X",
+        env=os.environ | {"TIECLI_CACHE_DIR": str(cache)},
+        preexec_fn=cache_files_only_small,
+    )
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err[-3000:]
+    line = faults.ends_in_error(err, os.strerror(errno.EFBIG))
+    assert f"{cache / 'tokens'}{os.sep}" in line, line  # the entry it was writing
+    assert not (isolated / "runs").exists() and [p.name for p in (cache / "tokens").iterdir()] == []

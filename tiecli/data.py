@@ -367,7 +367,7 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, chunks: Iterator[tuple[i
         files = [open(tmp / f"{s}.bin", "wb") for s in SPLITS]
         try:
             for split, ids in tokenizer.encode_stream(enc, chunks, dtype, processes):
-                ids.tofile(files[split])
+                files[split].write(ids.tobytes())  # not ids.tofile: its error on a full disk has no errno
                 n_tokens[SPLITS[split]] += len(ids)
                 if split == 0:
                     counts += np.bincount(ids, minlength=enc.n_vocab)
@@ -380,8 +380,10 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, chunks: Iterator[tuple[i
             tmp.rename(folder)
         except OSError:  # another process cached the same key first; theirs is identical
             shutil.rmtree(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:  # a full disk: name the cache entry it was writing
+            raise OSError(e.errno, e.strerror or str(e), str(folder)) from None
         raise
 
 
