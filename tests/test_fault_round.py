@@ -216,3 +216,21 @@ def test_a_full_disk_while_the_token_cache_is_written_is_named(isolated):
     line = faults.ends_in_error(err, os.strerror(errno.EFBIG))
     assert f"{cache / 'tokens'}{os.sep}" in line, line  # the entry it was writing
     assert not (isolated / "runs").exists() and [p.name for p in (cache / "tokens").iterdir()] == []
+
+
+# --- 4. export on a full disk ----------------------------------------------------------------------------------
+
+
+def files_under_100_kb():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # model.safetensors (nano: ~1 MB) does not fit
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+@pytest.mark.slow
+def test_an_export_that_cannot_be_written_is_one_line(done, isolated):
+    """Before: a SafetensorError traceback."""
+    proc = faults.spawn("export", done, "--to", "safetensors", "out", preexec_fn=files_under_100_kb)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err[-3000:]
+    line = faults.ends_in_error(err, f"cannot write out: {os.strerror(errno.EFBIG)}; nothing was written")
+    assert err.strip() == line and not [p for p in isolated.iterdir() if "out" in p.name]
