@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import test_faults as faults
 from conftest import TINY
-from helpers import results, tiecli
+from helpers import one_line_error, results, tiecli
 from test_faults import RUN, args, contents, disk_full, failed
 
 from tiecli.run.layout import CHECKPOINT
@@ -234,3 +234,47 @@ def test_an_export_that_cannot_be_written_is_one_line(done, isolated):
     assert proc.returncode == 1, err[-3000:]
     line = faults.ends_in_error(err, f"cannot write out: {os.strerror(errno.EFBIG)}; nothing was written")
     assert err.strip() == line and not [p for p in isolated.iterdir() if "out" in p.name]
+
+
+# --- 9, 10 and the questionable: study files -------------------------------------------------------------------
+
+
+def study(text: str | bytes) -> None:
+    Path("mine/study").mkdir(parents=True, exist_ok=True)
+    path = Path("mine/study/s.yaml")
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+
+
+def jobs_of_study(*args) -> list[list[str]]:
+    result = tiecli("sweep", "study=s", *args, "--config-dir", "mine", "--dry-run", "--no-estimate")
+    assert result.exit_code == 0, result.output
+    return [line.split("]: ", 1)[1].split() for line in result.output.splitlines() if "]: " in line]
+
+
+def test_a_when_rule_matches_axis_values_as_numbers(isolated):
+    """Before: 0.001 was refused as "not one of the axis's values" 1e-3, 2e-3 (YAML keeps 1e-3 as text)."""
+    study("axes:\n  train.lr: [1e-3, 2e-3]\nwhen:\n  - {match: {train.lr: 0.001}, set: {train.min_lr: 0.0001}}\n")
+    assert jobs_of_study() == [["train.lr=0.001", "train.min_lr=0.0001"], ["train.lr=0.002"]]
+    study("axes:\n  train.lr: [1e-3, 2e-3]\nwhen:\n  - {match: {train.lr: 0.004}, set: {train.min_lr: 0.0001}}\n")
+    one_line_error(
+        tiecli("sweep", "study=s", "--config-dir", "mine", "--dry-run"),
+        2,
+        "when rule 1: train.lr=0.004 is not one of the axis's values: 1e-3, 2e-3",
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (b"axes:\n  seed: [0, 1]\n# caf\xe9\n", "is not UTF-8 text (byte 26 is 0xe9)"),  # before: UnicodeDecodeError
+        ("axes:\n  seed: [0, 1]\naxes:\n  seed: [2]\n", "key 'axes' is given twice"),  # before: the last one, silently
+        ("axes:\n  seed: [0, 1]\n  seed: [2]\n", "key 'seed' is given twice"),
+        ("", "is empty; a study gives at least its axes"),  # before: one job of the defaults
+        ("# only a comment\n", "is empty; a study gives at least its axes"),
+    ],
+    ids=["latin-1", "duplicate section", "duplicate axis", "empty", "comment only"],
+)
+def test_a_malformed_study_file_is_one_line(isolated, text, message):
+    study(text)
+    one_line_error(tiecli("sweep", "study=s", "--config-dir", "mine", "--dry-run"), 2, message)
+    assert not Path("runs").exists()
