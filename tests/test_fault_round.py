@@ -4,8 +4,10 @@ monkeypatching the failing call (tests run as root, whom permission bits do not 
 
 import errno
 import os
+import re
 import resource
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from conftest import TINY
 from helpers import one_line_error, results, tiecli
 from test_faults import RUN, args, contents, disk_full, failed
 
+from tiecli.errors import TiecliError
 from tiecli.run.layout import CHECKPOINT
 from tiecli.run.reader import RunReader
 from tiecli.run.writer import RunWriter
@@ -278,3 +281,112 @@ def test_a_malformed_study_file_is_one_line(isolated, text, message):
     study(text)
     one_line_error(tiecli("sweep", "study=s", "--config-dir", "mine", "--dry-run"), 2, message)
     assert not Path("runs").exists()
+
+
+# --- 7, 8. --nproc's launcher: which rank died, and a stop while the ranks start -----------------------------
+
+
+def launcher_with(monkeypatch, outcome):
+    """distributed.torchrun with torch's elastic_launch replaced: `outcome(environ)` raises what the agent would."""
+    import torch.distributed.launcher.api as api
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(api, "elastic_launch", lambda config, entrypoint: lambda *args: outcome(dict(os.environ)))
+
+
+def ranks_failed(**codes):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failures = {int(r[1:]): ProcessFailure(int(r[1:]), 100 + int(r[1:]), c, "<N/A>") for r, c in codes.items()}
+    raise ChildFailedError("tiecli", failures)
+
+
+@pytest.mark.parametrize(
+    "codes, code, text",
+    [
+        (
+            {"r0": -signal.SIGTERM, "r1": -signal.SIGKILL},
+            137,
+            "rank 1 of 2 was ended by SIGKILL",
+        ),  # before: rank 0, SIGTERM, 130
+        ({"r0": 1, "r1": -signal.SIGKILL}, 137, "rank 1 of 2 was ended by SIGKILL"),
+        ({"r0": -signal.SIGSEGV, "r1": -signal.SIGTERM}, 128 + signal.SIGSEGV, "rank 0 of 2 was ended by SIGSEGV"),
+        ({"r1": -signal.SIGUSR2}, 130, "rank 1 of 2 was ended by SIGUSR2 (before it could catch it)"),
+    ],
+)
+def test_the_launcher_names_the_rank_that_died(monkeypatch, codes, code, text):
+    from tiecli import distributed
+
+    launcher_with(monkeypatch, lambda env: ranks_failed(**codes))
+    with pytest.raises(TiecliError, match=re.escape(text)) as e:
+        distributed.torchrun(2, ["train"])
+    assert e.value.exit_code == code
+    launcher_with(monkeypatch, lambda env: ranks_failed(r0=1, r1=-signal.SIGTERM))
+    assert distributed.torchrun(2, ["train"]) == 1  # rank 0 said why (its own error line)
+
+
+def test_a_stop_while_the_ranks_start_says_nothing_was_written(monkeypatch):
+    """Before: exit 130 and no output at all when the ranks had not yet caught the signal."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from tiecli import distributed
+
+    def stopped(env, said: bool):
+        if said:  # a rank that caught the stop printed its line and said so
+            Path(env[distributed.STOP_SAID]).touch()
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    launcher_with(monkeypatch, lambda env: stopped(env, said=False))
+    with pytest.raises(TiecliError, match="^interrupted before the run started; nothing was written$") as e:
+        distributed.torchrun(2, ["train"])
+    assert e.value.exit_code == 130
+    launcher_with(monkeypatch, lambda env: stopped(env, said=True))
+    assert distributed.torchrun(2, ["train"]) == 130  # and the launcher adds no line to the rank's
+    assert distributed.STOP_SAID not in os.environ
+
+
+def ranks_of(pid: int) -> dict[int, int]:
+    """{rank: pid} of the ranks torchrun's agent in process `pid` has started so far."""
+    return {
+        int(v.split(b"=")[1]): child
+        for child in faults.child_pids(pid)
+        for v in faults.environ(child)
+        if v.startswith(b"RANK=")
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR2])
+def test_a_stop_to_the_launcher_while_the_ranks_start_is_one_line(isolated, sig):
+    proc = faults.spawn(
+        "train", "--nproc", "2", *args("train.max_steps=1000"), "--name", "D", env=os.environ | faults.THREAD
+    )
+    deadline = time.monotonic() + 120
+    while len(ranks_of(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    assert len(ranks_of(proc.pid)) == 2, proc.communicate()
+    proc.send_signal(sig)  # the ranks are importing torch: they cannot catch it yet
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, (out, err)
+    assert err.strip() == "interrupted before the run started; nothing was written", err
+    assert not (isolated / "runs" / "D").exists()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_is_named_and_the_exit_is_a_failure(isolated):
+    proc = faults.spawn(
+        "train", "--nproc", "2", *args("train.max_steps=1000"), "--name", "D", env=os.environ | faults.THREAD
+    )
+    run = isolated / "runs" / "D"
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").is_file() or not faults.steps_of(run)[1:]:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        os.kill(ranks_of(proc.pid)[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL, (out, err)
+    assert err.strip().splitlines()[-1].startswith("error: rank 1 of 2 was ended by SIGKILL"), err
+    assert "Traceback" not in err
