@@ -4,6 +4,7 @@ monkeypatching the failing call (tests run as root, whom permission bits do not 
 
 import errno
 import os
+import random
 import re
 import resource
 import signal
@@ -14,7 +15,7 @@ import pytest
 import test_faults as faults
 from conftest import TINY
 from helpers import one_line_error, results, tiecli
-from test_faults import RUN, args, contents, disk_full, failed
+from test_faults import RUN, args, contents, disk_full, failed, refused
 
 from tiecli.errors import TiecliError
 from tiecli.run.layout import CHECKPOINT
@@ -390,3 +391,24 @@ def test_a_rank_killed_mid_run_is_named_and_the_exit_is_a_failure(isolated):
     assert proc.returncode == 128 + signal.SIGKILL, (out, err)
     assert err.strip().splitlines()[-1].startswith("error: rank 1 of 2 was ended by SIGKILL"), err
     assert "Traceback" not in err
+
+
+# --- the questionable: what a user would expect -----------------------------------------------------------------
+
+
+def test_a_checkpoint_of_random_bytes_is_one_line_without_torchs_advice(done):
+    """Before: the line quoted torch's advice to load with weights_only=False (which would run the file's code)."""
+    (done / CHECKPOINT).write_bytes(random.Random(0).randbytes(3000))
+    line = refused(
+        tiecli("eval", done), 1, "run X: checkpoint last.pt is corrupt or unreadable (not a file of tensors: "
+    )
+    assert "weights_only" not in line and "issue" not in line
+
+
+def test_a_name_too_long_for_the_temporary_folder_is_refused_before_anything(isolated):
+    """Before: 250 bytes passed the name check, then failed on runs/.NAME.x1y2z3w4.tmp (over 255 bytes)."""
+    line = refused(tiecli("train", *RUN, "--name", "x" * 250), 1, "is longer than 241 bytes")
+    assert "temporary name" in line and not (isolated / "runs").exists()
+    result = tiecli("train", *args("train.max_steps=2"), "--name", "x" * 241)
+    assert result.exit_code == 0, result.output
+    assert RunReader(isolated / "runs" / ("x" * 241)).status() == "completed"
