@@ -412,3 +412,15 @@ def test_a_name_too_long_for_the_temporary_folder_is_refused_before_anything(iso
     result = tiecli("train", *args("train.max_steps=2"), "--name", "x" * 241)
     assert result.exit_code == 0, result.output
     assert RunReader(isolated / "runs" / ("x" * 241)).status() == "completed"
+
+
+def test_a_byte_order_mark_does_not_cost_a_pairs_files_first_pair(isolated):
+    """Before: the BOM stuck to the first word, which then encoded to more than one token: the pair was lost."""
+    from tiecli.pairs import form_pairs
+    from tiecli.tokenizer import gpt2
+
+    Path("pairs.tsv").write_bytes("\ufeffwalk\twalks\nmake\tmaking\n".encode())
+    pairs, info = form_pairs(gpt2(), "./pairs.tsv")
+    enc = gpt2()
+    walk = (enc.encode_ordinary(" walk")[0], enc.encode_ordinary(" walks")[0])  # bare "walks" is two tokens
+    assert pairs[0] == walk and info["skipped_lines"] == 0 and info["found"] == len(pairs) == 3
