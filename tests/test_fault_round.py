@@ -424,3 +424,27 @@ def test_a_byte_order_mark_does_not_cost_a_pairs_files_first_pair(isolated):
     enc = gpt2()
     walk = (enc.encode_ordinary(" walk")[0], enc.encode_ordinary(" walks")[0])  # bare "walks" is two tokens
     assert pairs[0] == walk and info["skipped_lines"] == 0 and info["found"] == len(pairs) == 3
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_a_checkpoint_lists_the_step_it_resumes_from(isolated):
+    """Before: `tiecli runs` showed `interrupted 0/1,000`: summary.json kept the step it started at."""
+    from tiecli import checkpoint
+
+    proc = faults.spawn("train", *args("train.max_steps=1000", "train.checkpoint_interval=4"), "--name", "X")
+    run = isolated / "runs" / "X"
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / CHECKPOINT).is_file():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.kill()  # kill -9: no handler runs, summary.json stays `running`
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    step = checkpoint.load(run / CHECKPOINT, "X")["state"]["step"]
+    assert step >= 4 and RunReader(run).status() == "interrupted"
+    result = tiecli("runs")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "│ X " in line)
+    assert "interrupted" in row and f"{step:,}/1,000" in row, result.output

@@ -196,6 +196,9 @@ def save_checkpoint(
     run.save(CHECKPOINT, checkpoint.to_bytes(ckpt))
     if keep:
         run.keep_checkpoint(state.step, s.config.train.keep_checkpoints)
+    summary = run.reader.summary()  # still `running`: its step is where a resume starts, even after kill -9
+    summary.step, summary.tokens = state.step, state.tokens
+    run.summary(summary)
 
 
 def finish(run: RunWriter, summary: Summary, state: TrainState, status: str, **fields) -> Summary:
