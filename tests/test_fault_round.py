@@ -448,3 +448,39 @@ def test_a_run_killed_after_a_checkpoint_lists_the_step_it_resumes_from(isolated
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if "│ X " in line)
     assert "interrupted" in row and f"{step:,}/1,000" in row, result.output
+
+
+@pytest.mark.slow
+def test_ranks_whose_launcher_is_killed_checkpoint_and_stop(isolated):
+    """Before: kill -9 of the --nproc launcher left both ranks training, holding the run's lock."""
+    proc = faults.spawn(
+        "train", "--nproc", "2", *args("train.max_steps=1000"), "--name", "D", env=os.environ | faults.THREAD
+    )
+    run = isolated / "runs" / "D"
+    ranks = {}
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "metrics.jsonl").is_file() or not faults.steps_of(run)[1:]:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        ranks = ranks_of(proc.pid)
+        proc.kill()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 120
+        while any(not _gone(pid) for pid in ranks.values()):
+            assert time.monotonic() < deadline, "the ranks outlived their launcher"
+            time.sleep(0.1)
+    finally:
+        for pid in ranks.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+    reader = RunReader(run)
+    assert reader.summary().status == "interrupted" and not reader.in_use()  # SIGTERM: a clean stop, a checkpoint
+    assert (run / CHECKPOINT).is_file() and reader.summary().step > 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

@@ -25,6 +25,8 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -119,6 +121,21 @@ def said_stop() -> None:
             Path(os.environ[STOP_SAID]).touch()
 
 
+def stop_with_launcher() -> None:
+    """SIGTERM to this rank when its launcher (torchrun's agent, or --nproc's process) dies, even by
+    kill -9: the rank then checkpoints and stops like any stopped run rather than train on as an
+    orphan that holds the run's lock. A watching thread, not PR_SET_PDEATHSIG, which fires when the
+    agent's thread that started the rank ends, not the agent."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="tiecli-launcher-watch", daemon=True).start()
+
+
 def stopped_while_starting() -> TiecliError:
     error = TiecliError("interrupted before the run started; nothing was written")
     error.exit_code = 130
@@ -194,6 +211,7 @@ def process_group() -> Iterator[None]:
     if not launched() or dist.is_initialized():
         yield
         return
+    stop_with_launcher()
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available() and local_rank() < torch.cuda.device_count():  # more ranks than GPUs: device() refuses
         torch.cuda.set_device(local_rank())
