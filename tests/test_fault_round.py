@@ -484,3 +484,25 @@ def _gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_a_full_disk_while_a_metrics_row_is_appended_names_the_file(isolated, monkeypatch):
+    """Before: `error: No space left on device`, naming no file."""
+    from tiecli.run import writer
+
+    class Full:  # a file whose writes find the disk full, as Python's own raise it: no file name
+        def __init__(self, *a, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer, "open", Full, raising=False)
+    line = failed(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
+    assert line.endswith(str(Path("runs", "X", "metrics.jsonl"))), line

@@ -134,8 +134,13 @@ class RunWriter:
 
     def log(self, row: MetricsRow) -> None:
         """One line per call, flushed: a reader (a sweep's live table) sees whole lines as they come."""
-        with open(self.path / METRICS, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row.to_dict()) + "\n")
+        try:
+            with open(self.path / METRICS, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row.to_dict()) + "\n")
+        except OSError as e:
+            if e.filename is None:  # a failed write (a full disk) names no file: name it
+                raise OSError(e.errno, e.strerror, str(self.path / METRICS)) from None
+            raise
         self._written("metrics", row.to_dict())
 
     def geometry(self, entry: GeometryEntry) -> None:
