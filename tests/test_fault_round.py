@@ -506,3 +506,12 @@ def test_a_full_disk_while_a_metrics_row_is_appended_names_the_file(isolated, mo
     monkeypatch.setattr(writer, "open", Full, raising=False)
     line = failed(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
     assert line.endswith(str(Path("runs", "X", "metrics.jsonl"))), line
+
+
+def test_a_when_rule_that_matches_no_job_is_noted(isolated):
+    """Before: accepted silently; here the command line's tying=untied leaves the tied rule nothing to set."""
+    study("axes:\n  tying: [untied, tied]\nwhen:\n  - {match: {tying: tied}, set: {train.lr: 0.006}}\n")
+    result = tiecli("sweep", "study=s", "tying=untied", "--config-dir", "mine", "--dry-run", "--no-estimate")
+    assert result.exit_code == 0, result.output
+    assert "note: study 's', when rule 1 (tying=tied) matches no job of this sweep" in result.output
+    assert "note:" not in tiecli("sweep", "study=s", "--config-dir", "mine", "--dry-run", "--no-estimate").output

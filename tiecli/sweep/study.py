@@ -169,6 +169,17 @@ def apply_rules(combo: list[str], rules: list[dict]) -> list[str]:
     return combo + added
 
 
+def unmatched(study: dict | None, jobs: Sequence[Sequence[str]]) -> list[str]:
+    """A note for each `when` rule no job takes (the command line narrowed the axis it matches)."""
+    rules = (study or {}).get("when", [])
+    return [
+        f"note: study {study['name']!r}, when rule {i} ({' '.join(f'{k}={v}' for k, v in rule['match'].items())}) "
+        "matches no job of this sweep"
+        for i, rule in enumerate(rules, 1)
+        if study and not any(matches(job, rule["match"]) for job in jobs)
+    ]
+
+
 def matches(job: Sequence[str], match: dict) -> bool:
     """Whether a job (its override lines) takes every value of a rule's match."""
     values = dict(line.split("=", 1) for line in job if "=" in line)
