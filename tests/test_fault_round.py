@@ -362,12 +362,19 @@ def test_a_stop_to_the_launcher_while_the_ranks_start_is_one_line(isolated, sig)
     proc = faults.spawn(
         "train", "--nproc", "2", *args("train.max_steps=1000"), "--name", "D", env=os.environ | faults.THREAD
     )
-    deadline = time.monotonic() + 120
-    while len(ranks_of(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    assert len(ranks_of(proc.pid)) == 2, proc.communicate()
-    proc.send_signal(sig)  # the ranks are importing torch: they cannot catch it yet
-    out, err = proc.communicate(timeout=240)
+    deadline, ranks = time.monotonic() + 120, {}
+    try:
+        while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            ranks = ranks_of(proc.pid)
+            time.sleep(0.01)
+        assert len(ranks) == 2, proc.communicate()
+        proc.send_signal(sig)  # the ranks are importing torch: they cannot catch it yet
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+        for pid in ranks.values():
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 130, (out, err)
     assert err.strip() == "interrupted before the run started; nothing was written", err
     assert not (isolated / "runs" / "D").exists()
