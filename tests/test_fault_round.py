@@ -522,3 +522,17 @@ def test_a_when_rule_that_matches_no_job_is_noted(isolated):
     assert result.exit_code == 0, result.output
     assert "note: study 's', when rule 1 (tying=tied) matches no job of this sweep" in result.output
     assert "note:" not in tiecli("sweep", "study=s", "--config-dir", "mine", "--dry-run", "--no-estimate").output
+
+
+def test_a_full_disk_at_the_new_runs_lock_leaves_no_temporary_folder(isolated, monkeypatch):
+    """Before: the lock was taken outside the clean-up, so runs/.X.*.tmp/ stayed behind."""
+    write = os.write
+
+    def full_at_a_lock(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(os.sep + ".lock"):
+            disk_full()
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_at_a_lock)
+    refused(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
+    assert list((isolated / "runs").iterdir()) == []

@@ -98,8 +98,12 @@ class Lock:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise TiecliError(f"{self.what} is in use by process {holder}; wait for it to finish or stop it") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())  # for the message above only: liveness is the lock itself
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())  # for the message above only: liveness is the lock itself
+        except OSError:
+            os.close(fd)
+            raise
         self.fd = fd
         return self
 

@@ -87,9 +87,10 @@ class RunWriter:
             if stale.is_dir() and not is_locked(stale / LOCK):
                 shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; give the run the usual permissions
-        lock = Lock(tmp / LOCK, f"run {path.name}").acquire()  # flock follows the inode through the rename
+        lock = Lock(tmp / LOCK, f"run {path.name}")  # flock follows the inode through the rename
         try:
+            os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; give the run the usual permissions
+            lock.acquire()  # inside the try: a full disk can refuse even the lock file
             for name, text in files.items():
                 atomic_write(tmp / name, text)
             atomic_write(tmp / INIT_CHECKPOINT, init)
