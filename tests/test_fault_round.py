@@ -536,3 +536,17 @@ def test_a_full_disk_at_the_new_runs_lock_leaves_no_temporary_folder(isolated, m
     monkeypatch.setattr(os, "write", full_at_a_lock)
     refused(tiecli("train", *RUN, "--name", "X"), 1, "No space left on device")
     assert list((isolated / "runs").iterdir()) == []
+
+
+def test_a_config_edited_by_hand_is_refused_on_resume(done):
+    """Before: a hand-edited train.lr in config.yaml resumed silently, with the new rate."""
+    config = done / "config.yaml"
+    trained = config.read_text()
+    assert "\n  lr: 0.003\n" in trained
+    config.write_text(trained.replace("\n  lr: 0.003\n", "\n  lr: 0.01\n"))
+    before = contents(done)
+    line = refused(tiecli("train", "--resume", done, "train.max_steps=12"), 1, "config.yaml says train.lr=0.01")
+    assert "but the run trained with 0.003 (last.pt says so)" in line
+    assert contents(done) == before
+    config.write_text(trained)  # put back: it resumes
+    assert tiecli("train", "--resume", done, "train.max_steps=12").exit_code == 0

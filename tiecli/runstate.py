@@ -188,6 +188,7 @@ def save_checkpoint(
         "optimizer": s.optimizer.state_dict(),
         "rng": rng,
         "state": asdict(state),
+        "config": run.reader.config(),  # what it trained with: a resume refuses a config.yaml edited since
     }
     if len(ranks) > 1:
         ckpt["rank_rng"] = ranks[1:]
