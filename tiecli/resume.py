@@ -147,18 +147,17 @@ def check_checkpoint(reader: RunReader, ckpt: dict, log_interval: int) -> None:
             f"run {name}: {CHECKPOINT} is at step {step}, but {SUMMARY} says the run was "
             f"{summary.status} at step {summary.step}: the checkpoint is not this run's last one"
         )
-    check_config(reader, ckpt.get("config"))
     logged = [r.step for r in reader.metrics() if r.step <= step]
     last, expected = (logged[-1] if logged else None), state.get("logged_step")
     if expected is not None:
         fits, written = last == expected, f"written after the row of step {expected}"
     else:
         fits, written = last is not None and step - last < log_interval, f"with a row every {log_interval} steps"
-    if fits:
-        return
-    rows = f"ends at step {last}" if last is not None else "has no rows"
-    raise TiecliError(
-        f"run {name}: {METRICS} {rows}, but {CHECKPOINT} is at step {step}, {written}: rows were "
-        "lost (a cut or emptied file) or the checkpoint is another run's; resuming would leave a gap in the "
-        "curves: put back the run's metrics.jsonl, or start a new run with another --name"
-    )
+    if not fits:
+        rows = f"ends at step {last}" if last is not None else "has no rows"
+        raise TiecliError(
+            f"run {name}: {METRICS} {rows}, but {CHECKPOINT} is at step {step}, {written}: rows were "
+            "lost (a cut or emptied file) or the checkpoint is another run's; resuming would leave a gap in the "
+            "curves: put back the run's metrics.jsonl, or start a new run with another --name"
+        )
+    check_config(reader, ckpt.get("config"))  # last: a checkpoint of another run is better named above
