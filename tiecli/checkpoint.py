@@ -44,8 +44,7 @@ def load(path: Path, run: str, keys: tuple[str, ...] = TRAIN_KEYS) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for truncated or foreign files
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TiecliError(f"run {run}: checkpoint {path.name} is corrupt or unreadable ({reason[:200]})") from None
+        raise TiecliError(f"run {run}: checkpoint {path.name} is corrupt or unreadable ({unreadable(e)})") from None
     missing = [k for k in keys if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise TiecliError(f"run {run}: checkpoint {path.name} is not a tiecli checkpoint (no {missing[0]!r} entry)")
@@ -54,6 +53,16 @@ def load(path: Path, run: str, keys: tuple[str, ...] = TRAIN_KEYS) -> dict:
             f"run {run}: checkpoint {path.name} is not a tiecli checkpoint (its 'state' has no step number)"
         )
     return ckpt
+
+
+def unreadable(e: Exception) -> str:
+    """Why torch.load could not read a file, without torch's advice: loading with weights_only=False
+    would run whatever code a damaged or foreign file holds."""
+    text = " ".join(str(e).split())
+    if "WeightsUnpickler error:" in text:  # bytes that are no pickle of tensors (random bytes, another format)
+        return "not a file of tensors: " + text.split("WeightsUnpickler error:", 1)[1].split(" Check the ")[0].strip()
+    first = text.split(". ")[0].rstrip(".")  # a cut zip: "PytorchStreamReader failed reading zip archive: ..."
+    return first[:200] or type(e).__name__
 
 
 def check_step(ckpt: dict, step: str, kept: list[int], run: str) -> None:

@@ -15,6 +15,7 @@ each split's text into ~1 MB chunks at points no token crosses, encodes them in 
 A second run with the same data and tokenizer only hashes the files, then reads the cached arrays.
 """
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -22,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import tempfile
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -247,10 +249,11 @@ def load_corpus(data: DataConfig, tok: TokenizerConfig, cache: Path | None = Non
     enc = tokenizer.build(tok.name, tok.vocab_size, sample, cache, key=f"{digest} train_bytes={tok.train_bytes}")
     key = hashlib.sha256(f"{digest} {tokenizer.fingerprint(enc)}".encode()).hexdigest()[:20]
     folder = cache / "tokens" / key
-    if not (folder / "meta.json").exists():
+    meta = _whole_entry(folder, enc.n_vocab)
+    if meta is None:
         chunks = _split_chunks(_stream(src, data, plan().ends), plan().owners, _joiner(data))
         _write_tokens(folder, enc, chunks, num_proc(data))
-    meta = json.loads((folder / "meta.json").read_text())
+        meta = json.loads((folder / "meta.json").read_text())
     tokens: dict[str, np.ndarray] = {
         s: np.memmap(folder / f"{s}.bin", dtype=meta["dtype"], mode="r", shape=(meta["n_tokens"][s],)) for s in SPLITS
     }
@@ -327,6 +330,32 @@ def _split_chunks(stream: Iterable[tuple[int, str]], owners: np.ndarray, joiner:
             yield s, text
 
 
+def _whole_entry(folder: Path, n_vocab: int) -> dict | None:
+    """The cache entry's meta.json when its files are whole (each split's file as long as meta.json says,
+    counts.npy one count per token summing to the training split); None when it is absent or damaged
+    (a disk that filled, a hand edit), and then a damaged one is set aside, said on stderr, and rebuilt."""
+    if not folder.exists():
+        return None
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        size = np.dtype(meta["dtype"]).itemsize
+        for s in SPLITS:
+            if (folder / f"{s}.bin").stat().st_size != int(meta["n_tokens"][s]) * size:
+                raise ValueError(f"{s}.bin is not {meta['n_tokens'][s]} tokens long")
+        counts = np.load(folder / "counts.npy")
+        if counts.shape != (n_vocab,) or int(counts.sum()) != int(meta["n_tokens"]["train"]):
+            raise ValueError("counts.npy does not match train.bin")
+        return meta
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        print(f"note: the token cache entry {folder} is damaged ({why}); rebuilding it", file=sys.stderr)
+    bad = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".bad-"))
+    with contextlib.suppress(FileNotFoundError):  # another process set it aside first
+        folder.rename(bad / folder.name)  # out of the way at once: no process reads half of it
+    shutil.rmtree(bad, ignore_errors=True)
+    return None
+
+
 def _write_tokens(folder: Path, enc: tiktoken.Encoding, chunks: Iterator[tuple[int, str]], processes: int) -> None:
     """Tokenize every split into a temporary folder, then rename it into place (atomic)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -338,7 +367,7 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, chunks: Iterator[tuple[i
         files = [open(tmp / f"{s}.bin", "wb") for s in SPLITS]
         try:
             for split, ids in tokenizer.encode_stream(enc, chunks, dtype, processes):
-                ids.tofile(files[split])
+                files[split].write(ids.tobytes())  # not ids.tofile: its error on a full disk has no errno
                 n_tokens[SPLITS[split]] += len(ids)
                 if split == 0:
                     counts += np.bincount(ids, minlength=enc.n_vocab)
@@ -351,8 +380,10 @@ def _write_tokens(folder: Path, enc: tiktoken.Encoding, chunks: Iterator[tuple[i
             tmp.rename(folder)
         except OSError:  # another process cached the same key first; theirs is identical
             shutil.rmtree(tmp)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:  # a full disk: name the cache entry it was writing
+            raise OSError(e.errno, e.strerror or str(e), str(folder)) from None
         raise
 
 

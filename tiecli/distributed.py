@@ -21,10 +21,15 @@ import datetime
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,23 +85,81 @@ def torchrun(nproc: int, args: list[str]) -> int:
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
         max_restarts=0,
-        signals_to_handle="SIGTERM,SIGINT,SIGUSR2",
+        signals_to_handle="SIGTERM,SIGUSR2",  # and SIGINT, below
         shutdown_timeout=SHUTDOWN_S,
     )
+    said = Path(tempfile.mkdtemp(prefix="tiecli-ranks-")) / "stop-said"
+    os.environ[STOP_SAID] = str(said)  # the ranks inherit it
+
+    def interrupt(signum, frame):  # Ctrl-C reaches the ranks as SIGTERM: the same stop, but a rank still
+        # starting Python ends silently rather than in a "Fatal Python error" with a KeyboardInterrupt traceback
+        raise SignalException(f"Process {os.getpid()} got signal: SIGINT", sigval=signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGINT, interrupt)
     try:
         elastic_launch(config, sys.executable)("-m", "tiecli", *args)
     except SignalException:
-        return 130
+        if said.exists():  # a rank caught the stop and said what it kept
+            return 130
+        # the ranks were still starting (imports, the process group): the signal ended them before
+        # they could catch it, and before anything of the run was written
+        raise stopped_while_starting() from None
     except ChildFailedError as e:
-        failures = sorted(e.failures.items())
-        code = next((f.exitcode for _, f in failures if f.exitcode > 0), None)
-        if code is None:  # every failed rank was ended by a signal, so none could say what happened
-            raise killed_by_signal(failures[0][0], nproc, -failures[0][1].exitcode) from None
-        return code
+        return failed_ranks({rank: f.exitcode for rank, f in e.failures.items()}, nproc)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        os.environ.pop(STOP_SAID, None)
+        shutil.rmtree(said.parent, ignore_errors=True)
     return 0
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)  # what train.StopFlag turns into a clean stop
+STOP_SAID = "TIECLI_STOP_SAID"  # under --nproc: the file a rank makes once it has said why it stopped (said_stop)
+
+
+def said_stop() -> None:
+    """Tell --nproc's launcher that this rank printed its stop line, so that it prints none of its own."""
+    if os.environ.get(STOP_SAID):
+        with contextlib.suppress(OSError):
+            Path(os.environ[STOP_SAID]).touch()
+
+
+def stop_with_launcher() -> None:
+    """SIGTERM to this rank when its launcher (torchrun's agent, or --nproc's process) dies, even by
+    kill -9: the rank then checkpoints and stops like any stopped run rather than train on as an
+    orphan that holds the run's lock. A watching thread, not PR_SET_PDEATHSIG, which fires when the
+    agent's thread that started the rank ends, not the agent."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="tiecli-launcher-watch", daemon=True).start()
+
+
+def stopped_while_starting() -> TiecliError:
+    error = TiecliError("interrupted before the run started; nothing was written")
+    error.exit_code = 130
+    return error
+
+
+def failed_ranks(codes: dict[int, int], nproc: int) -> int:
+    """The exit code of `--nproc` when ranks failed (codes: each failed rank's; -N: ended by signal N).
+
+    A rank ended by a signal that is not a stop (SIGKILL, a crash) is the cause: the agent then stops
+    the others with SIGTERM, and those show up here too, so it is named, and the exit is 128 + N. Else a
+    rank's own exit code (it printed why); else the first rank ended by a stop signal, exit 130."""
+    codes = dict(sorted(codes.items()))
+    killed = next((rank for rank, code in codes.items() if code < 0 and -code not in STOP_SIGNALS), None)
+    if killed is not None:
+        raise killed_by_signal(killed, nproc, -codes[killed])
+    code = next((code for code in codes.values() if code > 0), None)
+    if code is None:  # every failed rank was ended by a stop signal, so none could say what happened
+        first = next(iter(codes))
+        raise killed_by_signal(first, nproc, -codes[first])
+    return code
 
 
 def killed_by_signal(rank: int, nproc: int, signum: int) -> TiecliError:
@@ -151,6 +214,7 @@ def process_group() -> Iterator[None]:
     if not launched() or dist.is_initialized():
         yield
         return
+    stop_with_launcher()
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available() and local_rank() < torch.cuda.device_count():  # more ranks than GPUs: device() refuses
         torch.cuda.set_device(local_rank())

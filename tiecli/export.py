@@ -260,6 +260,12 @@ def export_run(run_dir: Path, config: Config, to: str, out: Path, force: bool = 
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":  # safetensors' writer (also under save_pretrained): no OSError
+            raise
+        why = re.search(r"I/O error: (.*?) \(os error", str(e))
+        reason = why.group(1) if why else (str(e).splitlines() or [""])[0][:160]
+        raise TiecliError(f"cannot write {out}: {reason}; nothing was written") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

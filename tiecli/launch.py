@@ -89,6 +89,8 @@ def run_training(run_config, path: Path, resume: bool, files, config_dir: Path |
     try:
         return train_run(run_config, path, resume, files)
     except TiecliError as e:
+        if e.exit_code == 130:
+            distributed.said_stop()  # rank 0 prints the line: --nproc's launcher adds none
         if e.exit_code == 130 and is_run_dir(path) and distributed.is_rank0():
             raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
         raise

@@ -87,7 +87,7 @@ def read_pairs_file(path: str | Path, encode: Callable[[str], list[int]]) -> tup
     number of pair lines that gave no pair). A line without exactly two non-empty tab-separated
     words raises TiecliError naming the file and line."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows editors) is not a word
             lines = [line.rstrip("\r\n") for line in f]  # only \n, \r\n, \r end a line
     except (OSError, UnicodeDecodeError) as e:
         raise TiecliError(f"cannot read pairs file {path}: {e}") from None

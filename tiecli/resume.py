@@ -112,6 +112,21 @@ def check_files(reader: RunReader, model: GPTConfig) -> None:
         raise TiecliError(f"{e}; --resume left the run as it was") from None
 
 
+def check_config(reader: RunReader, trained) -> None:
+    """Refuse a config.yaml edited by hand since the checkpoint was saved (trained: the config.yaml it
+    saw, None in checkpoints from before it was kept) in a key that --resume may not change."""
+    if not isinstance(trained, dict):
+        return
+    old, now = flatten(trained), flatten(reader.config())
+    for key in sorted(old.keys() | now.keys()):
+        if old.get(key) != now.get(key) and key not in EXTENDABLE and not key.startswith(EXTENDABLE_PREFIXES):
+            raise TiecliError(
+                f"run {reader.name}: {CONFIG} says {key}={now.get(key)!r}, but the run trained with "
+                f"{old.get(key)!r} ({CHECKPOINT.name} says so): {CONFIG} was edited; put back {old.get(key)!r}, "
+                "or start a new run with another --name"
+            )
+
+
 def check_checkpoint(reader: RunReader, ckpt: dict, log_interval: int) -> None:
     """TiecliError, naming both sides, when last.pt is not where this run stands: another run's id,
     another step than summary.json's, or a step past metrics.jsonl's rows (a cut or emptied file).
@@ -138,11 +153,11 @@ def check_checkpoint(reader: RunReader, ckpt: dict, log_interval: int) -> None:
         fits, written = last == expected, f"written after the row of step {expected}"
     else:
         fits, written = last is not None and step - last < log_interval, f"with a row every {log_interval} steps"
-    if fits:
-        return
-    rows = f"ends at step {last}" if last is not None else "has no rows"
-    raise TiecliError(
-        f"run {name}: {METRICS} {rows}, but {CHECKPOINT} is at step {step}, {written}: rows were "
-        "lost (a cut or emptied file) or the checkpoint is another run's; resuming would leave a gap in the "
-        "curves: put back the run's metrics.jsonl, or start a new run with another --name"
-    )
+    if not fits:
+        rows = f"ends at step {last}" if last is not None else "has no rows"
+        raise TiecliError(
+            f"run {name}: {METRICS} {rows}, but {CHECKPOINT} is at step {step}, {written}: rows were "
+            "lost (a cut or emptied file) or the checkpoint is another run's; resuming would leave a gap in the "
+            "curves: put back the run's metrics.jsonl, or start a new run with another --name"
+        )
+    check_config(reader, ckpt.get("config"))  # last: a checkpoint of another run is better named above

@@ -100,6 +100,8 @@ def open_run(s: Setup, run_dir: Path, resume: bool, files: dict[str, str]) -> tu
         resuming.check_checkpoint(run.reader, ckpt, max(stored, s.config.train.log_interval))
         state = restore(s, ckpt, run_dir.name)
         state.run_id = run_id
+        if run.reader.summary().status == "completed":  # an extension that fails puts the run back (train.train)
+            run.keep_restore_point()
         run.truncate_after(state.step)
         run.rewrite(files)  # config.yaml with what the overrides extend (train.max_steps=...)
         return run, state, True
@@ -188,6 +190,7 @@ def save_checkpoint(
         "optimizer": s.optimizer.state_dict(),
         "rng": rng,
         "state": asdict(state),
+        "config": run.reader.config(),  # what it trained with: a resume refuses a config.yaml edited since
     }
     if len(ranks) > 1:
         ckpt["rank_rng"] = ranks[1:]
@@ -196,6 +199,9 @@ def save_checkpoint(
     run.save(CHECKPOINT, checkpoint.to_bytes(ckpt))
     if keep:
         run.keep_checkpoint(state.step, s.config.train.keep_checkpoints)
+    summary = run.reader.summary()  # still `running`: its step is where a resume starts, even after kill -9
+    summary.step, summary.tokens = state.step, state.tokens
+    run.summary(summary)
 
 
 def finish(run: RunWriter, summary: Summary, state: TrainState, status: str, **fields) -> Summary:

@@ -164,13 +164,22 @@ def _save_bpe(path, pattern, ranks):
     atomic_write(path, b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in by_rank))
 
 
-def _load_bpe(path):
-    pattern = json.loads(path.with_suffix(".json").read_text())["pattern"]
-    ranks = {}
-    for line in path.read_bytes().splitlines():
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
-    return pattern, ranks
+def _load_bpe(path, vocab_size):
+    """(pattern, ranks) of a cached tokenizer; None, after a note on stderr, when its files are damaged
+    (cut short, hand-edited): the caller trains it again."""
+    try:
+        meta = json.loads(path.with_suffix(".json").read_text())
+        ranks = {}
+        for line in path.read_bytes().splitlines():
+            token, rank = line.split()  # ValueError for a line cut short
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        if sorted(ranks.values()) != list(range(vocab_size)) or not isinstance(meta["pattern"], str):
+            raise ValueError(f"{len(ranks)} ranks, not 0..{vocab_size - 1}")
+        return meta["pattern"], ranks
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+        print(f"note: the tokenizer cache entry {path} is damaged ({why}); training it again", file=sys.stderr)
+        return None
 
 
 def bpe(
@@ -188,11 +197,11 @@ def bpe(
         key = hashlib.sha256(train_text.encode()).hexdigest()
     key = hashlib.sha256(f"tiecli-bpe {BPE_FORMAT} {vocab_size}\n{key}".encode()).hexdigest()
     path = Path(cache_dir) / "bpe" / f"{key}.tiktoken"
-    if path.exists():
-        pattern, ranks = _load_bpe(path)
-    else:
-        pattern, ranks = _train_bpe(train_text() if callable(train_text) else train_text, vocab_size)
-        _save_bpe(path, pattern, ranks)
+    loaded = _load_bpe(path, vocab_size) if path.exists() else None
+    if loaded is None:
+        loaded = _train_bpe(train_text() if callable(train_text) else train_text, vocab_size)
+        _save_bpe(path, *loaded)
+    pattern, ranks = loaded
     return tiktoken.Encoding(
         f"bpe-{vocab_size}-{key[:12]}",
         pat_str=pattern,

@@ -116,14 +116,36 @@ def train(
                 for result in finals:
                     run.eval(result)
                 peak = peak_memory(s.device)
-                return finish(run, summary, state, "completed", final_val=finals[0].brief(), peak_memory=peak)
+                summary = finish(run, summary, state, "completed", final_val=finals[0].brief(), peak_memory=peak)
+                run.drop_restore_point()
+                return summary
             except Interrupted as e:
                 finish(run, summary, state, "interrupted", error=str(e), peak_memory=peak_memory(s.device))
+                run.drop_restore_point()  # a stopped extension continues with --resume
                 raise
             except BaseException as e:
+                if run.has_restore_point():
+                    undo_extension(run, e)
                 error = f"{type(e).__name__}: {e}".strip()
                 finish(run, summary, state, "failed", error=error, peak_memory=peak_memory(s.device))
                 raise
+
+
+def undo_extension(run: RunWriter, e: BaseException) -> None:
+    """Put back a completed run whose extension failed (a full disk, a folder it may not write) as it was,
+    completed, and raise the error saying so; returns only when the run could not be put back (the
+    caller then marks it failed)."""
+    try:
+        run.undo()
+    except OSError:
+        return
+    note = f"the extension was undone: run {run.path.name} is completed at step {run.reader.summary().step}, as before"
+    if isinstance(e, TiecliError):
+        raise type(e)(f"{e}; {note}") from None
+    if isinstance(e, OSError):
+        where = f": {e.filename}" if e.filename else ""
+        raise TiecliError(f"{e.strerror or type(e).__name__}{where}; {note}") from None
+    raise e
 
 
 def fit(

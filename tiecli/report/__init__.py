@@ -22,7 +22,9 @@ Every rule is stated once, in stated_rules, and printed in every report and in r
 """
 
 import dataclasses
+import json
 import math
+import os
 from pathlib import Path
 
 from tiecli.errors import TiecliError
@@ -54,7 +56,7 @@ from tiecli.report.groups import (
     units,
 )
 from tiecli.report.listing import runs_table
-from tiecli.run.files import atomic_write, write_json
+from tiecli.run.files import staged
 
 __all__ = ["Options", "report", "runs_table"]
 DEFAULT_BASELINE = Baseline(
@@ -243,13 +245,29 @@ def family_rules(rows: list[claims_rules.Claim], source: str) -> dict[str, str]:
     return {"families": f"{where}. Holm within each: {listed or 'no tested rows'}"}
 
 
+REPORT_FILES = {"report.md", "report.html", "results.csv", "results.json", *render.PLOT_TITLES}
+
+
 def write(out: Path, files: dict[str, str | bytes], results_json: dict) -> None:
+    """The report's files, all or none: each is staged under a temporary name in out, then all are renamed
+    into place (renames need no space) and an earlier report's files this one lacks (a figure) removed, so a
+    full disk leaves the earlier report whole. Other files in out are left alone."""
+    files = {**files, "results.json": json.dumps(results_json, indent=2) + "\n"}
+    temporaries: dict[str, Path] = {}
     try:
         for name, data in files.items():
-            atomic_write(out / name, data)
-        write_json(out / "results.json", results_json)
+            temporaries[name] = staged(out / name, data)
+        for name, tmp in temporaries.items():
+            os.replace(tmp, out / name)
+        for name in REPORT_FILES - files.keys():
+            (out / name).unlink(missing_ok=True)
     except OSError as e:
-        raise TiecliError(f"cannot write the report to {str(out)!r}: {e.strerror or e}") from None
+        for tmp in temporaries.values():
+            tmp.unlink(missing_ok=True)
+        where = f" ({Path(e.filename).name})" if e.filename else ""
+        raise TiecliError(
+            f"cannot write the report to {str(out)!r}: {e.strerror or e}{where}; any report there is left as it was"
+        ) from None
 
 
 def stated_rules(baseline: str, sesoi: dict[str, float], options: Options) -> dict[str, str]:

@@ -222,6 +222,8 @@ def load_run(path: Path) -> Run:
         raise Skip(reason(e, reader.name)) from None
     if not final:
         raise Skip("no final validation metrics (eval.json val or summary.json final_val)")
+    if not any(r.val_loss is not None for r in metrics):  # an emptied file: no curve to reach a target on
+        raise Skip(f"{METRICS} has no rows" if not metrics else f"{METRICS} has no validation rows")
     if bad := not_finite(final, evals, metrics):
         raise Skip(f"losses are NaN or infinite: {bad}")
     try:

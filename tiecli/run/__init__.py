@@ -14,6 +14,7 @@ runs/<name>/
                    step 0), emb/step_N.pt (token matrices at each geometry step), and with
                    train.keep_checkpoints, step_N.pt (earlier last.pt files, for sample/eval --step N)
   .lock            held (flock) by the one process writing the run; the OS releases it when that process dies
+  .undo/           while --resume extends a completed run: hard links to its files as they were (RunWriter.undo)
 
 Every JSON file carries `format` (FORMAT); a reader refuses a newer one by name. Every file is
 written to a temporary name in the same folder and renamed into place, so a crash leaves either

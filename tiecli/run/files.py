@@ -21,6 +21,17 @@ os.umask(UMASK)
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
+    tmp = staged(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def staged(path: Path, data: str | bytes) -> Path:
+    """data written and synced to a temporary name beside path (.NAME.x1y2.tmp), for the caller to rename
+    into place: several files staged first, then renamed, are replaced all or none on a full disk."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -30,7 +41,7 @@ def atomic_write(path: Path, data: str | bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
+        return Path(tmp)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:  # a failed write (ENOSPC, EFBIG) names no file: name it
@@ -87,8 +98,12 @@ class Lock:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise TiecliError(f"{self.what} is in use by process {holder}; wait for it to finish or stop it") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())  # for the message above only: liveness is the lock itself
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())  # for the message above only: liveness is the lock itself
+        except OSError:
+            os.close(fd)
+            raise
         self.fd = fd
         return self
 

@@ -18,6 +18,7 @@ CONFIG, OVERRIDES, METRICS, SUMMARY, EVAL = (
 )
 GEOMETRY, LOCK, TRACKERS = "geometry.json", ".lock", "trackers.json"
 ROW_SAMPLE = "rows.npz"  # a fixed sample of the token matrices' rows at the last geometry step, float16
+UNDO = ".undo"  # while --resume extends a completed run: hard links to its files as they were (RunWriter.undo)
 CHECKPOINT = Path("checkpoints") / "last.pt"
 INIT_CHECKPOINT = Path("checkpoints") / "init.pt"
 SNAPSHOTS = Path("checkpoints") / "emb"
@@ -30,12 +31,20 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+NAME_BYTES = 255 - len("..12345678.tmp")  # RunWriter.create builds a run in runs/.NAME.<8 random>.tmp
+
+
 def run_path(runs_dir: Path, name: str) -> Path:
     """runs_dir/name, refusing names that are empty, absolute, too long or would leave runs_dir."""
     if not name or Path(name).is_absolute():
         raise TiecliError(f"run name {name!r} must be a non-empty relative name inside the runs directory")
     if any(len(part.encode()) > 255 for part in Path(name).parts):
         raise TiecliError(f"run name {name[:40]!r}... is longer than 255 bytes, the file system's limit")
+    if len(Path(name).name.encode()) > NAME_BYTES:
+        raise TiecliError(
+            f"run name {name[:40]!r}... is longer than {NAME_BYTES} bytes: the file system's limit of 255, "
+            f"less {255 - NAME_BYTES} for the temporary name a new run is built under (.NAME.x1y2z3w4.tmp)"
+        )
     if Path(runs_dir).exists() and not Path(runs_dir).is_dir():
         raise TiecliError(f"the runs directory {str(runs_dir)!r} is a file, not a folder")
     root = Path(runs_dir).resolve()

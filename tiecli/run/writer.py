@@ -28,6 +28,7 @@ from tiecli.run.layout import (
     SNAPSHOTS,
     SUMMARY,
     TRACKERS,
+    UNDO,
     is_run_dir,
 )
 from tiecli.run.reader import RunReader
@@ -78,6 +79,7 @@ class RunWriter:
             lock.release()
             raise
         remove_temporaries(path)
+        shutil.rmtree(path / UNDO, ignore_errors=True)  # an extension's restore point that its writer left (kill -9)
         return cls(path, lock, start_step=step)
 
     @classmethod
@@ -89,9 +91,10 @@ class RunWriter:
             if stale.is_dir() and not is_locked(stale / LOCK):
                 shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; give the run the usual permissions
-        lock = Lock(tmp / LOCK, f"run {path.name}").acquire()  # flock follows the inode through the rename
+        lock = Lock(tmp / LOCK, f"run {path.name}")  # flock follows the inode through the rename
         try:
+            os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; give the run the usual permissions
+            lock.acquire()  # inside the try: a full disk can refuse even the lock file
             for name, text in files.items():
                 atomic_write(tmp / name, text)
             atomic_write(tmp / INIT_CHECKPOINT, init)
@@ -136,8 +139,13 @@ class RunWriter:
 
     def log(self, row: MetricsRow) -> None:
         """One line per call, flushed: a reader (a sweep's live table) sees whole lines as they come."""
-        with open(self.path / METRICS, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row.to_dict()) + "\n")
+        try:
+            with open(self.path / METRICS, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row.to_dict()) + "\n")
+        except OSError as e:
+            if e.filename is None:  # a failed write (a full disk) names no file: name it
+                raise OSError(e.errno, e.strerror, str(self.path / METRICS)) from None
+            raise
         self._written("metrics", row.to_dict())
 
     def geometry(self, entry: GeometryEntry) -> None:
@@ -193,6 +201,54 @@ class RunWriter:
     def remove_snapshot(self, step: int) -> None:
         """Delete one step's token-matrix snapshot (train thins them to diag.max_snapshots)."""
         (self.path / SNAPSHOTS / f"step_{step}.pt").unlink(missing_ok=True)
+
+    def keep_restore_point(self) -> None:
+        """Before extending a completed run: .undo/ holds a hard link to each of its files as they are now
+        (no second copy on disk; a copy where links are not allowed). Every later write replaces a file by
+        rename, and metrics.jsonl is rewritten before it is appended to, so the links keep the old bytes."""
+        undo = self.path / UNDO
+        shutil.rmtree(undo, ignore_errors=True)
+        try:
+            for path in self._files():
+                saved = undo / path.relative_to(self.path)
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(path, saved)
+                except OSError:
+                    shutil.copy2(path, saved)
+        except BaseException:
+            shutil.rmtree(undo, ignore_errors=True)
+            raise
+
+    def has_restore_point(self) -> bool:
+        return (self.path / UNDO).is_dir()
+
+    def drop_restore_point(self) -> None:
+        shutil.rmtree(self.path / UNDO, ignore_errors=True)
+
+    def undo(self) -> None:
+        """Put the run back as keep_restore_point found it: files added since go, the saved ones come back
+        by rename, which needs no free space (a full disk is the usual reason to undo). Listeners close first."""
+        for listener in self.listeners:
+            listener.close()
+        self.listeners = []
+        undo = self.path / UNDO
+        saved = {p.relative_to(undo) for p in undo.rglob("*") if p.is_file()}
+        for path in self._files():
+            if path.relative_to(self.path) not in saved:
+                path.unlink(missing_ok=True)
+        for relative in saved:
+            (self.path / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(undo / relative, self.path / relative)
+        shutil.rmtree(undo, ignore_errors=True)
+
+    def _files(self) -> list[Path]:
+        """Every file of the run but its lock and the restore point."""
+        return [
+            p
+            for p in self.path.rglob("*")
+            if p.is_file() and p.name != LOCK and UNDO not in p.relative_to(self.path).parts
+        ]
 
     def truncate_after(self, last_step: int) -> None:
         """Forget what the run recorded after last_step (-1: everything): a resume is about to redo it."""

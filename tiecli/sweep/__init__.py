@@ -46,6 +46,7 @@ def sweep(
     from tiecli.errors import ConfigError
     from tiecli.sweep import plan, scheduler
     from tiecli.sweep.status import Ticker, show_status
+    from tiecli.sweep.study import unmatched
 
     if status is not None:
         if overrides:
@@ -56,6 +57,8 @@ def sweep(
     options = scheduler.launch_command(launch, jobs)
     composing = Ticker(err_console, "composing and checking the jobs' configs")
     sweep_dir, manifest, configs = plan.plan(overrides, config_dir, runs_dir, name, options, composing)
+    for note in unmatched(manifest.study, [job.overrides for job in manifest.jobs]):
+        err_console.print(note, highlight=False, markup=False, soft_wrap=True)
     if dry_run:
         from tiecli.sweep.dryrun import dry_run_lines  # torch: only to size and time the jobs
 

@@ -25,11 +25,11 @@ from tiecli.config.schema import LauncherConfig
 from tiecli.display import PLAIN_EVERY_S
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.run.files import Lock, now
-from tiecli.run.layout import LOCK
+from tiecli.run.layout import CHECKPOINT, LOCK, is_run_dir
 from tiecli.run.reader import RunReader
 from tiecli.run.records import SweepJob, SweepManifest
 from tiecli.sweep.plan import split_launcher_overrides
-from tiecli.sweep.states import current_state, finish, last_error_line
+from tiecli.sweep.states import SET_ASIDE, current_state, finish, last_error_line, read_live
 from tiecli.sweep.status import PlainProgress, Watch, announce, jobs_table, show_counts, shown
 
 
@@ -147,6 +147,8 @@ def _prepare(sweep_dir: Path, manifest: SweepManifest, console: Console) -> tupl
     todo = [j for j in manifest.jobs if j.state != "completed"]
     for job in todo:
         _check_free(sweep_dir / job.run_dir, job.name, manifest.name)
+    for job in todo:
+        _set_aside_unresumable(sweep_dir, job, manifest.name, console)
     before = {j.name for j in old.jobs} if old else set()
     added = [j.name for j in manifest.jobs if j.name not in before]
     left_out = sorted(before - {j.name for j in manifest.jobs})  # manifests.merge lets only unstarted ones go
@@ -168,6 +170,32 @@ def _check_free(run_dir: Path, name: str, sweep: str) -> None:
             Lock(run_dir / LOCK, f"run {name}").acquire().release()
         except TiecliError as e:
             raise TiecliError(f"sweep {sweep}: {e}") from None
+
+
+def _set_aside_unresumable(sweep_dir: Path, job: SweepJob, sweep: str, console: Console) -> None:
+    """A job whose run trained steps but has no checkpoint (a full disk before the first) cannot resume,
+    and a sweep cannot give it another --name: its run moves to SET_ASIDE, and the job starts from step 0."""
+    run_dir = sweep_dir / job.run_dir
+    reader = RunReader(run_dir)
+    if not is_run_dir(run_dir) or (run_dir / CHECKPOINT).is_file():
+        return
+    summary = read_live(reader.summary, None)
+    if summary is None or summary.status == "completed" or summary.step == 0:  # step 0: the resume restarts it
+        return
+    aside, n = sweep_dir / SET_ASIDE / f"{Path(job.run_dir).name}.{job.attempts}", job.attempts
+    while aside.exists():
+        n += 1
+        aside = aside.with_name(f"{Path(job.run_dir).name}.{n}")
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    with Lock(run_dir / LOCK, f"run {job.name}"):
+        os.rename(run_dir, aside)  # the lock file goes with it, still locked by us until the end of this block
+    console.print(
+        f"sweep {sweep}: job {job.name} trained to step {summary.step} but left no checkpoint to resume from; "
+        f"it starts again from step 0 (its records are kept in {shown(aside)})",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
 
 
 def _run_jobs(

@@ -15,6 +15,7 @@ from tiecli.run.reader import RunReader
 from tiecli.run.records import SweepJob
 
 ERROR_TAIL_LINES = 5
+SET_ASIDE = ".set-aside"  # a sweep folder's runs that could not resume (no checkpoint), kept as they were
 
 
 def read_live(read, default):

@@ -29,9 +29,13 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
     if path is None:
         raise ConfigError(f"unknown study {name!r}; valid studies: {', '.join(group_options('study', dirs)) or 'none'}")
     try:
-        study = yaml.safe_load(path.read_text()) or {}
+        study = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeys)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{str(path)!r} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{str(path)!r} is not valid YAML: {' '.join(str(e).split())}") from None
+    if not study:
+        raise ConfigError(f"{str(path)!r} is empty; a study gives at least its axes (key: [values]) or fixed settings")
     if (
         not isinstance(study, dict)
         or set(study) - set(STUDY_KEYS)
@@ -53,6 +57,19 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
         extra["families"] = _families(name, study["families"])
     rules = _rules(name, study.get("when") or [], _with_added(axes, extra["add"]), fixed)
     return str(study.get("description") or ""), lines, rules, extra
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (YAML would keep the last in silence)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _with_added(axes: dict, add: list[dict]) -> dict:
@@ -82,7 +99,8 @@ def _check_match(where: str, match: dict, axes: dict) -> None:
         values = axes.get(key)
         if values is None:
             raise ConfigError(f"{where}: matches {key!r}, which is not an axis; the axes are {', '.join(axes)}")
-        if isinstance(values, list) and value not in map(_value, values):
+        values = values if isinstance(values, list) else [values]
+        if not any(_same(_value(v), value) for v in values):  # as the jobs are matched: 1e-3 is 0.001
             shown = ", ".join(map(_value, values))
             raise ConfigError(f"{where}: {key}={value} is not one of the axis's values: {shown}")
 
@@ -149,6 +167,17 @@ def apply_rules(combo: list[str], rules: list[dict]) -> list[str]:
     if twice:
         raise ConfigError(f"two when rules set {twice} for the job {' '.join(combo)}; make their matches exclusive")
     return combo + added
+
+
+def unmatched(study: dict | None, jobs: Sequence[Sequence[str]]) -> list[str]:
+    """A note for each `when` rule no job takes (the command line narrowed the axis it matches)."""
+    rules = (study or {}).get("when", [])
+    return [
+        f"note: study {study['name']!r}, when rule {i} ({' '.join(f'{k}={v}' for k, v in rule['match'].items())}) "
+        "matches no job of this sweep"
+        for i, rule in enumerate(rules, 1)
+        if study and not any(matches(job, rule["match"]) for job in jobs)
+    ]
 
 
 def matches(job: Sequence[str], match: dict) -> bool:
