@@ -229,28 +229,24 @@ def pair_excess(run: Run, key: str) -> float | None:
     return None if forms is None or null is None else forms - null
 
 
-def loss_spikes(run: Run) -> int | None:
-    """Logged train losses above SPIKE_FACTOR x the median of the SPIKE_WINDOW before them (at least 3 before);
-    None with fewer than 4 logged losses."""
-    losses = [loss for _, loss in run.train_losses]
-    if len(losses) < 4:
+def above_running_median(values: list[float], factor: float) -> int | None:
+    """How many values are above factor x the median of the SPIKE_WINDOW before them (counted from the fourth
+    on, so at least 3 before); None with fewer than 4 values."""
+    if len(values) < 4:
         return None
     return sum(
-        losses[i] > SPIKE_FACTOR * statistics.median(losses[max(0, i - SPIKE_WINDOW) : i])
-        for i in range(3, len(losses))
+        values[i] > factor * statistics.median(values[max(0, i - SPIKE_WINDOW) : i]) for i in range(3, len(values))
     )
+
+
+def loss_spikes(run: Run) -> int | None:
+    """Logged train losses above SPIKE_FACTOR x the median of the SPIKE_WINDOW before them."""
+    return above_running_median([loss for _, loss in run.train_losses], SPIKE_FACTOR)
 
 
 def grad_norm_excursions(run: Run) -> int | None:
-    """Logged gradient norms above EXCURSION_FACTOR x the median of the SPIKE_WINDOW before them (at least 3 before),
-    over the whole run; None with fewer than 4 logged norms."""
-    norms = [g for _, g in run.grad_norms]
-    if len(norms) < 4:
-        return None
-    return sum(
-        norms[i] > EXCURSION_FACTOR * statistics.median(norms[max(0, i - SPIKE_WINDOW) : i])
-        for i in range(3, len(norms))
-    )
+    """Logged gradient norms above EXCURSION_FACTOR x the median of the SPIKE_WINDOW before them, whole run."""
+    return above_running_median([g for _, g in run.grad_norms], EXCURSION_FACTOR)
 
 
 def early_grad_norms(run: Run) -> int:
