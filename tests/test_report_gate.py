@@ -7,7 +7,8 @@ import math
 import pytest
 from helpers import TOKENS_PER_STEP, V, make_run, params, results, tiecli
 
-from tiecli.run.records import MetricsRow
+from tiecli.run.records import EvalResult, MetricsRow
+from tiecli.run.writer import RunWriter
 
 UNIGRAM = 100.0  # the corpus's unigram perplexity in these runs (bigram: half of it)
 
@@ -254,3 +255,20 @@ def test_a_rate_picked_on_fewer_than_three_seeds_is_a_pilot_and_the_headline_say
                 gate_run(tmp_path / "runs", mode, seed, math.log(ppl * UNIGRAM) + offsets[lr] + 0.01 * seed, lr=lr)
     _, _, data, _ = report(tmp_path / "runs", "--select", "train.lr")
     assert data["labels"]["label"] is None and data["labels"]["conditions"] == []
+
+
+def test_a_pair_read_on_val_because_a_run_lacks_its_test_split_says_so(tmp_path):
+    """Every run but one has a test evaluation: the pair is judged on val, and the headline names the run
+    that moved it there instead of switching silently."""
+    for mode in ("tied", "untied"):
+        for seed in range(3):
+            gate_run(tmp_path / "runs", mode, seed, 4.0 if mode == "tied" else 3.9)
+    runs = sorted((tmp_path / "runs").iterdir())
+    for run in runs[1:]:  # every run gets a test evaluation but the first
+        with RunWriter.open(run) as writer:
+            writer.eval(EvalResult("test", 20, 4.0, math.exp(4.0), 2.0, 5000, 10000, {}))
+    result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    headline = " ".join(result.output.split())
+    assert "val perplexity, paired by seed" in headline
+    assert f"on val, not test: 1 run without a test evaluation, e.g. {runs[0].name}" in headline

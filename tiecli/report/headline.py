@@ -79,11 +79,22 @@ def difference(
         )
         out.append(
             f"{'Tied vs untied' if tied else 'Against the baseline'}, {c.split} perplexity, paired by seed, {where}: "
-            f"{signed(ppl_change(mean_ci(c.delta_loss(c.split))))} ({seeds} seed{'s' if seeds != 1 else ''}{verdict})."
+            f"{signed(ppl_change(mean_ci(c.delta_loss(c.split))))} ({seeds} seed{'s' if seeds != 1 else ''}{verdict})"
+            f"{no_test(c)}."
         )
     if len(pairs) > MAX_PAIRS:
         out.append(f"... and {len(pairs) - MAX_PAIRS} more pairs in the validation and test tables.")
     return out
+
+
+def no_test(c: Comparison) -> str:
+    """Why a pair is read on val though some of its runs have a test evaluation: the runs whose eval.json has none
+    (nothing when the pair is on test, or when none of its runs has one)."""
+    runs = (*c.group.runs, *c.base.runs)
+    missing = [r.name for r in runs if not r.test]
+    if c.split == "test" or len(missing) == len(runs):
+        return ""
+    return f"; on val, not test: {len(missing)} run{'s' if len(missing) != 1 else ''} without a test evaluation, e.g. {missing[0]}"
 
 
 def signed(ci: Interval | None) -> str:
