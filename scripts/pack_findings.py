@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 SIGNIFICANT = 7
-SKIPPED = ("checkpoints", ".lock")
+SKIPPED = ("checkpoints", ".lock", "report")  # a sweep's own report/ folder is made again, not kept
 FIGURE = re.compile(r"^!\[(?P<title>[^\]]*)\]\((?P<file>[^)\s]+\.png)\)$", re.MULTILINE)
 
 
