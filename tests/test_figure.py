@@ -72,6 +72,12 @@ def test_the_command_writes_a_png_and_an_svg(reported, tmp_path):
     assert result.exit_code == 0, result.output
     assert "<svg" in (tmp_path / "f.svg").read_text()[:2000]
     assert not list(tmp_path.glob("*.partial"))
+    odd = tmp_path / "train.lr=1e-3" / "results.csv"  # a folder named for an override: the path is not split
+    odd.parent.mkdir()
+    odd.write_bytes(reported.read_bytes())
+    for source in (odd, f"Mine={odd}"):
+        result = tiecli("figure", source, "--out", tmp_path / "g.png")
+        assert result.exit_code == 0, result.output
 
 
 def test_bad_input_is_one_line(reported, tmp_path):

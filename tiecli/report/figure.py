@@ -117,7 +117,8 @@ def write_figure(sources: list[str], out: Path, title: str) -> Path:
     (default: the folder the file is in). Writes a PNG, or an SVG when out ends in .svg, atomically."""
     points = []
     for source in sources:
-        label, _, path = source.rpartition("=")
+        # a path may itself hold "=" (a run folder named for its overrides): only a source that is not a file is split
+        label, _, path = ("", "", source) if Path(source).is_file() else source.partition("=")
         path_ = Path(path)
         if not path_.is_file():
             raise TiecliError(
