@@ -5,8 +5,8 @@ Everything about tying lives in `Embeddings`: one branch per mode, each building
 parameters, and two methods that give the effective (V, C) input and output matrices. The
 transformer body is nanoGPT's: pre-LayerNorm blocks, causal self-attention through SDPA,
 a 4x GELU MLP, learned positions (and, with embedding_norm, an RMSNorm before the first block).
-The file reads top down: config, blocks, the tied or untied token matrices, GPT; the loss goes through the fused head, and a shared matrix through the gradient fork,
-both in tiecli/head.py.
+The file reads top down: config, blocks, the tied or untied token matrices, GPT; the loss goes
+through the fused head, and a shared matrix through the gradient fork, both in tiecli/head.py.
 """
 
 import math
