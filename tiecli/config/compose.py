@@ -27,6 +27,7 @@ from tiecli.config.messages import message, type_words, unknown_key
 from tiecli.config.readers import check_read
 from tiecli.config.schema import GROUPS, LIST_GROUPS, Config, LauncherConfig
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.run.records import ADDED
 
 # A key given without its alternative replaces the alternative's default (conf/config.yaml's scale
 # with the run): train.warmup_steps=20 alone means 20 warmup steps, not train.warmup_fraction's.
@@ -35,11 +36,6 @@ ALTERNATIVES = {
     "train.eval_interval": "train.evals",
     "train.checkpoint_interval": "train.checkpoints",
 }
-# Keys added after runs were written, with the value that keeps those runs' behaviour where conf/'s own default
-# differs (see recompose): a run without train.checkpoints saved every checkpoint_interval steps, also where
-# conf/hardware/gpu.yaml now gives 4; one without eval.max_tokens evaluated whole splits, one without
-# eval.max_seconds without a time bound.
-ADDED = {"train.checkpoints": None, "eval.max_tokens": None, "eval.max_seconds": None}
 
 
 def hardware_for(device: str) -> str:

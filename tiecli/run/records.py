@@ -13,6 +13,12 @@ from pathlib import Path
 from tiecli.run.files import FormatError, read_json, write_json
 from tiecli.run.layout import FORMAT
 
+# Keys added after runs were written, with the value that keeps those runs' behaviour where conf/'s own default
+# differs (config.compose.recompose reads them): a run without train.checkpoints saved every checkpoint_interval
+# steps, also where conf/hardware/gpu.yaml now gives 4; one without eval.max_tokens evaluated whole splits, one
+# without eval.max_seconds without a time bound. A sweep job's override that states such a value names the same
+# run as one that omits it (sweep.manifest).
+ADDED = {"train.checkpoints": None, "eval.max_tokens": None, "eval.max_seconds": None}
 STATUSES = ("running", "completed", "failed", "interrupted")
 JOB_STATES = ("pending", *STATUSES)
 

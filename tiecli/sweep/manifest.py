@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from tiecli.errors import TiecliError
 from tiecli.run.files import now
 from tiecli.run.layout import MANIFEST
-from tiecli.run.records import SweepManifest, read_manifest, write_manifest
+from tiecli.run.records import ADDED, SweepManifest, read_manifest, write_manifest
 
 if TYPE_CHECKING:  # a submitit job imports this module (through launchers): it needs no Hydra
     from tiecli.config.schema import Config
@@ -32,15 +32,23 @@ def save(sweep_dir: Path, manifest: SweepManifest) -> None:
     write_manifest(sweep_dir / MANIFEST, manifest)
 
 
+def same_run(overrides: list[str]) -> tuple[str, ...]:
+    """The overrides as a run reads them, sorted: less those that state a key added since at the value runs
+    made before it read (records.ADDED), so a study that pins `eval.max_seconds=null` for the jobs it adds
+    still finds the jobs it ran before that key existed."""
+    stated = {f"{key}=null" for key, old in ADDED.items() if old is None}
+    return tuple(sorted(o for o in overrides if o not in stated))
+
+
 def keep_old_names(
     old: SweepManifest, new: SweepManifest, configs: dict[str, "Config"]
 ) -> tuple[SweepManifest, dict[str, "Config"]]:
     """A job already in the manifest keeps its name and folder (a sweep named before the shared hash was
     dropped, or one whose shared overrides changed with the jobs added): the same overrides, the same run."""
-    by_overrides = {tuple(sorted(j.overrides)): j for j in old.jobs}
+    by_overrides = {same_run(j.overrides): j for j in old.jobs}
     jobs, kept = [], {}
     for job in new.jobs:
-        before = by_overrides.get(tuple(sorted(job.overrides)))
+        before = by_overrides.get(same_run(job.overrides))
         if before is not None and before.name != job.name:
             kept[before.name] = configs[job.name]
             job = dataclasses.replace(job, name=before.name, run_dir=before.run_dir, log=before.log)
@@ -59,7 +67,7 @@ def merge(old: SweepManifest, new: SweepManifest) -> SweepManifest:
     """
     known = {j.name: j for j in old.jobs}
     changed = next(
-        (j for j in new.jobs if j.name in known and sorted(known[j.name].overrides) != sorted(j.overrides)), None
+        (j for j in new.jobs if j.name in known and same_run(known[j.name].overrides) != same_run(j.overrides)), None
     )
     if changed:
         raise TiecliError(
