@@ -10,7 +10,9 @@ measurement); and the singular values kept at the last geometry snapshot only, t
 spectra figure reads (every scalar measured from them, effective and stable rank, stays at every step).
 eval.json and summary.json, where the verdicts' losses come from, are kept exactly.
 
-    pack STUDY SWEEP...   compact SWEEP's runs into STUDY/runs.tar.xz, then rerender
+    pack STUDY SWEEP...   compact SWEEP's runs into STUDY/runs.tar.xz, then rerender; --without-rows leaves out
+                          rows.npz (claim L1's rows, 64-256 KiB a run that does not compress) where the study's
+                          report cannot read L1 anyway (its selected runs predate rows.npz)
     rerender STUDY        report the committed runs.tar.xz again, with the --select its results.json
                           records, into report.md, results.csv and results.json; then slim
     slim STUDY            drop report.html and the PNGs; report.md names each figure instead of showing it
@@ -58,12 +60,13 @@ def compact_run_files(root: Path) -> None:
         path.write_text(json.dumps(geometry) + "\n")
 
 
-def pack(study: Path, sweeps: list[Path]) -> None:
-    """Copy each sweep (relative to the current folder, e.g. runs/sweeps/NAME) without checkpoints, compact it,
-    and write study/runs.tar.xz atomically."""
+def pack(study: Path, sweeps: list[Path], without_rows: bool = False) -> None:
+    """Copy each sweep (relative to the current folder, e.g. runs/sweeps/NAME) without checkpoints (and without
+    rows.npz if asked), compact it, and write study/runs.tar.xz atomically."""
+    skipped = (*SKIPPED, "rows.npz") if without_rows else SKIPPED
     with tempfile.TemporaryDirectory() as tmp:
         for sweep in sweeps:
-            shutil.copytree(sweep, Path(tmp) / sweep, ignore=shutil.ignore_patterns(*SKIPPED))
+            shutil.copytree(sweep, Path(tmp) / sweep, ignore=shutil.ignore_patterns(*skipped))
         compact_run_files(Path(tmp))
         partial = study / "runs.tar.xz.partial"
         with tarfile.open(partial, "w:xz", preset=9) as tar:
@@ -104,13 +107,14 @@ def main() -> None:
     parser.add_argument("action", choices=("pack", "rerender", "slim"))
     parser.add_argument("study", type=Path, help="docs/findings/STUDY")
     parser.add_argument("sweeps", nargs="*", type=Path, help="pack: the sweep folders to keep, e.g. runs/sweeps/NAME")
+    parser.add_argument("--without-rows", action="store_true", help="pack: leave out each run's rows.npz (claim L1)")
     args = parser.parse_args()
     if not args.study.is_dir():
         parser.error(f"{args.study}: not a folder (a study's folder under docs/findings/)")
     if args.action == "pack":
         if not args.sweeps:
             parser.error("pack needs the sweep folders to keep (e.g. runs/sweeps/NAME)")
-        pack(args.study, args.sweeps)
+        pack(args.study, args.sweeps, args.without_rows)
         rerender(args.study)
     elif args.action == "rerender":
         rerender(args.study)

@@ -3,6 +3,7 @@ or one untuned learning rate, withheld on the unigram plateau, each with the con
 verdicts when none fires. Synthetic run directories whose R4 verdict is "supported" by construction."""
 
 import math
+import shutil
 
 import pytest
 from helpers import TOKENS_PER_STEP, V, make_run, params, results, tiecli
@@ -272,3 +273,38 @@ def test_a_pair_read_on_val_because_a_run_lacks_its_test_split_says_so(tmp_path)
     headline = " ".join(result.output.split())
     assert "val perplexity, paired by seed" in headline
     assert f"on val, not test: 1 run without a test evaluation, e.g. {runs[0].name}" in headline
+
+
+@pytest.mark.slow
+def test_a_rate_screened_on_one_seed_brackets_a_pick_made_on_three_only_where_it_lost(tmp_path):
+    """docs_ladder's design since issue 48: 0.001, 0.003 and 0.006 on seeds 0-2, and 0.012 past the edge on
+    seed 0 only. The pick is made on the three seeds the three rates share (not on the one seed every rate
+    has), and 0.012, worse on seed 0, brackets it: plain verdicts, the screened point listed as such. Made
+    better than the pick on seed 0, the screened point leaves the pick unsettled: pilot, naming it."""
+    offsets = {0.001: 0.2, 0.003: 0.1, 0.006: 0.0}  # the best of the three-seed grid at its upper edge
+    for lr, offset in offsets.items():
+        for seed in range(3):
+            for mode, ppl in (("tied", 0.2), ("untied", 0.25)):
+                gate_run(tmp_path / "runs", mode, seed, math.log(ppl * UNIGRAM) + offset + 0.01 * seed, lr=lr)
+
+    def screen(offset):
+        for mode, ppl in (("tied", 0.2), ("untied", 0.25)):
+            shutil.rmtree(tmp_path / "runs" / f"nano-{mode}-lr0.012-embNone-s0", ignore_errors=True)
+            gate_run(tmp_path / "runs", mode, 0, math.log(ppl * UNIGRAM) + offset, lr=0.012)
+        return report(tmp_path / "runs", "--select", "train.lr")
+
+    _, md, data, claims = screen(0.3)  # worse than 0.006 on seed 0
+    assert data["labels"]["label"] is None and data["labels"]["conditions"] == []
+    assert claims[("R4", "nano tied")]["verdict"] == "supported"
+    screened = [d for d in data["not_selected"] if d["screened"]]
+    assert {(d["values"], d["seeds"], d["chosen"]) for d in screened} == {("train.lr=0.012", 1, "train.lr=0.006")}
+    assert all(d["seeds"] == 3 for d in data["not_selected"] if not d["screened"])
+    assert "| 1 (screened) |" in md
+    _, md, data, _ = screen(-0.1)  # now better than 0.006 on seed 0: the pick is not settled
+    assert data["labels"]["label"] == "pilot"
+    assert [c["found"] for c in data["labels"]["conditions"]] == [
+        "a rate screened on fewer seeds beat the pick on the seeds it ran: nano tied by train.lr=0.012 on 1 seed (0), "
+        "nano untied by train.lr=0.012 on 1 seed (0); the pick is not settled"
+    ]
+    md_r4 = next(line for line in md.splitlines() if line.startswith("| R4 | nano tied |"))
+    assert "train.lr=0.012, screened on 1 seed (0), beat the pick there" in md_r4

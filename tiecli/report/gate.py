@@ -10,7 +10,10 @@ how to fix it. The conditions, each read from the runs' own files, per group:
              be told. Pilot.
   seeds      fewer than MIN_SEEDS seeds. Pilot.
   pick       --select chose the group's learning rate on fewer than MIN_SEEDS seeds (the units every rate of its
-             grid has, groups.shared_units): one seed's noise can pick the rate. Pilot.
+             grid has, or those the rates run on MIN_SEEDS or more share: groups.Pick): one seed's noise can pick
+             the rate. Pilot.
+  screen     a rate of the grid run on fewer seeds than the pick (a screen, groups.Pick) beat the pick on the
+             seeds it has: the pick is not settled. Pilot.
   lr         the group's learning rate was not selected: no --select over a learning-rate key, or one
              whose grid held a single value for this group. Pilot.
   edge       the rate --select chose is the smallest or the largest its grid tried: the best rate may lie
@@ -24,20 +27,20 @@ import json
 from dataclasses import dataclass
 
 from tiecli.report.claims_rules import LADDER, Claim
-from tiecli.report.groups import Baseline, Group, shared_units
+from tiecli.report.groups import MIN_SEEDS, Baseline, Group, pick, values
 
 PLATEAU_FRACTION = 0.5  # at most this multiple of the unigram perplexity: off the plateau
-MIN_SEEDS = 3
 UNJUDGED = ("no data", "not tested", "descriptive")  # verdicts no rule reached: nothing to label
 EXACT = ("R2", "C1")  # exact parameter counts: no training, no seeds, nothing to label
 PILOT, WITHHELD = "pilot", "withheld"
-KINDS = ("plateau", "baselines", "seeds", "pick", "lr", "edge")  # the order the report lists them in
+KINDS = ("plateau", "baselines", "seeds", "pick", "screen", "lr", "edge")  # the order the report lists them in
 RULE = (
     f"a verdict is withheld (shown as 'withheld: VERDICT', what the rule computed) when a group it reads is above "
     f"{PLATEAU_FRACTION:g}x its corpus's unigram perplexity (not off the unigram plateau), and labelled 'pilot: VERDICT' "
     f"when a group has fewer than {MIN_SEEDS} seeds, no unigram baseline in summary.json, or a learning rate not "
     "chosen by --select over two or more values of a learning-rate key (train.lr, train.lr_embedding, train.lr_output), "
-    f"chosen on fewer than {MIN_SEEDS} seeds (the seeds every rate of its grid ran), "
+    f"chosen on fewer than {MIN_SEEDS} seeds (the seeds every rate of its grid ran, or where some rates were screened on "
+    f"fewer, those the rates run on {MIN_SEEDS} or more share), beaten on its seeds by a rate screened on fewer, "
     "or chosen at the smallest or largest value its grid tried (the best rate may lie beyond it); R2 and C1 (exact counts) and rows without data are never labelled"
 )
 
@@ -57,6 +60,7 @@ class Condition:
     key: str = "train.lr"
     grid: tuple[float, ...] = ()
     null: bool = False  # the chosen value of `key` is null: lr is the train.lr it trains at
+    rival: str = ""  # screen: the screened group's values of the selected keys
 
     @property
     def label(self) -> str:
@@ -128,8 +132,12 @@ def group_conditions(group: Group, candidates: list[Group], select: tuple[str, .
     members = family(group, candidates, select)
     if not lr_tuned(members, select):
         out.append(Condition("lr", group.label, steps, lr=group.setting.get("train.lr")))
-    elif len(picked := sorted(shared_units(members))) < MIN_SEEDS:
+    elif len(picked := sorted((chosen := pick(members)).units)) < MIN_SEEDS:
         out.append(Condition("pick", group.label, steps, seeds=tuple(unit[0] for unit in picked)))
+    else:
+        for rival in chosen.rivals:
+            seeds = tuple(sorted(unit[0] for unit in chosen.against(rival)[2]))
+            out.append(Condition("screen", group.label, steps, seeds=seeds, rival=values(rival, select)))
     return out + edges(group, members, select)
 
 
@@ -175,6 +183,8 @@ def reasons(found: list[Condition]) -> str:
             counts = sorted({len(c.seeds) for c in hits})
             many = "-".join(map(str, dict.fromkeys([counts[0], counts[-1]])))
             out.append(f"learning rate picked on {many} seed{'' if many == '1' else 's'} (< {MIN_SEEDS})")
+        elif kind == "screen":
+            out.append("; ".join(f"{c.rival}, screened on {seeds_text(c.seeds)}, beat the pick there" for c in hits))
         elif kind == "lr":
             out.append(f"train.lr {', '.join(dict.fromkeys(rate(c.lr) for c in hits))} untuned")
         else:
@@ -244,6 +254,12 @@ def summarise(kind: str, hits: list[Condition], n_groups: int) -> tuple[str, str
             f"learning rates picked on fewer than {MIN_SEEDS} seeds: {picked}; one seed's noise can decide a pick",
             f"run each grid's rates on {MIN_SEEDS} or more seeds (the sweep's seed axis, or `add` rules over every rate) "
             "and report again",
+        )
+    if kind == "screen":
+        beaten = ", ".join(f"{c.group} by {c.rival} on {seeds_text(c.seeds)}" for c in hits)
+        return (
+            f"a rate screened on fewer seeds beat the pick on the seeds it ran: {beaten}; the pick is not settled",
+            f"run each such rate on the seeds the pick was made on ({MIN_SEEDS} or more) and report again",
         )
     if kind == "edge":
         chosen = ", ".join(

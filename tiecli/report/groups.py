@@ -153,6 +153,9 @@ def label_groups(groups: list[Group]) -> None:
 # --- selection (--select KEY) -------------------------------------------------------------------------
 
 
+MIN_SEEDS = 3  # a --select pick, and a verdict, rest on at least this many seeds (gate)
+
+
 @dataclass
 class NotSelected:
     """A group --select left out: its own values of the selected keys, and the group chosen in its place."""
@@ -162,15 +165,56 @@ class NotSelected:
     loss: float  # seed-mean final validation loss over the seeds compared
     chosen: str  # KEY=VALUE of the selected group
     chosen_loss: float
-    seeds: int  # the units (seeds) the family's groups were compared on
+    seeds: int  # the units (seeds) the group was compared with the chosen one on
     runs: int = 0  # the group's runs, all left out of the report's groups
+    screened: bool = False  # run on fewer seeds than the pick was made on, compared on its own (Pick)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One --select family's choice: the group with the lowest seed-mean final validation loss among `ranked`
+    over `units`, and the groups `screened` out, each with its own units.
+
+    The units are those every group of the family has (a rate checked on one seed and the pick then run on five
+    are compared on that seed: where each seed holds out its own text, a five-seed mean against one seed's loss
+    would compare held-out texts rather than rates), except where fewer than MIN_SEEDS are shared but two or
+    more groups share MIN_SEEDS or more: then those groups are ranked on the units they share, and a group run
+    on fewer (a rate screened on one seed, such as a point past a grid's edge that lost there) is compared with
+    the chosen group on the units both have. It brackets the pick when it lost there; one that won (`rivals`)
+    leaves the pick unsettled, which the gate reports."""
+
+    chosen: Group
+    units: frozenset
+    ranked: tuple[Group, ...]
+    screened: tuple[Group, ...] = ()
+
+    def against(self, group: Group) -> tuple[float, float, set]:
+        """A screened group's mean loss and the chosen group's, over the units both have."""
+        both = {r.unit for r in group.runs} & {r.unit for r in self.chosen.runs}
+        return mean_loss(group, both), mean_loss(self.chosen, both), both
+
+    @property
+    def rivals(self) -> list[Group]:
+        """The screened groups that beat the chosen one on the units they were run on."""
+        return [g for g in self.screened if (pair := self.against(g))[0] < pair[1]]
+
+
+def pick(members: list[Group]) -> Pick:
+    """The family's choice (Pick): on the units all its groups share, else as a screen (see Pick)."""
+    shared = shared_units(members)
+    ranked = [g for g in members if len({r.unit for r in g.runs}) >= MIN_SEEDS]
+    core = shared_units(ranked) if len(ranked) > 1 else set()
+    if len(shared) >= MIN_SEEDS or len(core) < MIN_SEEDS:
+        ranked, core = members, shared
+    chosen = min(ranked, key=lambda g: mean_loss(g, core))
+    screened = tuple(g for g in members if not any(g is r for r in ranked))
+    return Pick(chosen, frozenset(core), tuple(ranked), screened)
 
 
 def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], list[NotSelected]]:
     """Among the groups equal in every setting but the selected keys (e.g. one tying mode at one size
-    over a grid of train.lr), keep the one with the lowest seed-mean final validation loss over the
-    seeds they all have (shared_units); the others are left out and listed. The kept groups are
-    labelled afresh."""
+    over a grid of train.lr), keep the one with the lowest seed-mean final validation loss (pick); the
+    others are left out and listed. The kept groups are labelled afresh."""
     if not keys:
         return groups, []
     for key in keys:
@@ -182,33 +226,44 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
         ).append(g)
     kept, dropped = [], []
     for members in families.values():
-        shared = shared_units(members)
-        chosen = min(members, key=lambda g: mean_loss(g, shared))
-        kept.append(chosen)
+        chosen = pick(members)
+        kept.append(chosen.chosen)
         dropped += [
             NotSelected(
                 g.label,
                 values(g, keys),
-                mean_loss(g, shared),
-                values(chosen, keys),
-                mean_loss(chosen, shared),
-                len(shared),
+                mean_loss(g, set(chosen.units)),
+                values(chosen.chosen, keys),
+                mean_loss(chosen.chosen, set(chosen.units)),
+                len(chosen.units),
                 len(g.runs),
             )
-            for g in members
-            if g is not chosen
+            for g in chosen.ranked
+            if g is not chosen.chosen
         ]
+        for g in chosen.screened:
+            loss, chosen_loss, both = chosen.against(g)
+            dropped.append(
+                NotSelected(
+                    g.label,
+                    values(g, keys),
+                    loss,
+                    values(chosen.chosen, keys),
+                    chosen_loss,
+                    len(both),
+                    len(g.runs),
+                    True,
+                )
+            )
     kept = [g for g in groups if any(g is k for k in kept)]  # the report's order
     label_groups(kept)
     return kept, dropped
 
 
 def shared_units(members: list[Group]) -> set[tuple]:
-    """The units (seed, split seed) every group of a --select family has. A rate checked on one seed and
-    the pick then run on five are compared on that seed: where each seed holds out its own text, a
-    five-seed mean against one seed's loss would compare held-out texts rather than rates. Empty when
-    no unit is shared (then each group's own mean is used)."""
-    return set.intersection(*({r.unit for r in g.runs} for g in members))
+    """The units (seed, split seed) every group of `members` has; empty when none is shared (then each
+    group's own mean is used)."""
+    return set.intersection(*({r.unit for r in g.runs} for g in members)) if members else set()
 
 
 def mean_loss(group: Group, units: set[tuple]) -> float:

@@ -181,7 +181,8 @@ def selection_table(dropped: list[NotSelected]) -> TableSpec:
         "Not selected (--select)",
         "left out of every other table: among the groups equal but for the selected keys, the one with the lowest seed-mean final "
         "validation loss was kept, the means taken over the seeds every one of those groups has (seeds compared; all of each "
-        "group's seeds when none is shared)",
+        "group's seeds when none is shared; a group screened on fewer seeds than the others share is compared with the selected "
+        "one on the seeds both have)",
         ["group", "its value", "val loss", "selected instead", "selected val loss", "seeds compared"],
         [
             [
@@ -190,7 +191,7 @@ def selection_table(dropped: list[NotSelected]) -> TableSpec:
                 _num(d.loss, ".4g"),
                 d.chosen,
                 _num(d.chosen_loss, ".4g"),
-                str(d.seeds or "none shared"),
+                f"{d.seeds} (screened)" if d.screened else str(d.seeds or "none shared"),
             ]
             for d in dropped
         ],

@@ -1,0 +1,48 @@
+"""scripts/pack_findings.py's pack: what a committed runs archive keeps (no checkpoints, rows.npz only when asked
+for), with metrics.jsonl's floats at 7 significant digits and eval.json exact."""
+
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pack_findings.py"
+
+
+def script():
+    spec = importlib.util.spec_from_file_location("pack_findings", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sweep(root: Path) -> Path:
+    """A sweep folder with one run holding every kind of file pack treats differently."""
+    run = root / "runs" / "sweeps" / "s" / "nano-tied-s0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step_10.pt").write_bytes(b"x" * 100)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "loss": 5.123456789012}) + "\n")
+    (run / "eval.json").write_text(json.dumps({"loss": 5.123456789012}))
+    (run / "rows.npz").write_bytes(b"rows")
+    (root / "runs" / "sweeps" / "s" / "sweep.json").write_text("{}")
+    return Path("runs/sweeps/s")
+
+
+@pytest.mark.parametrize("without_rows", [False, True])
+def test_pack_keeps_what_the_report_reads_and_leaves_rows_out_only_when_asked(tmp_path, monkeypatch, without_rows):
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "study"
+    study.mkdir()
+    script().pack(study, [sweep(tmp_path)], without_rows)
+    with tarfile.open(study / "runs.tar.xz") as tar:
+        names = set(tar.getnames())
+        metrics = json.loads(tar.extractfile("runs/sweeps/s/nano-tied-s0/metrics.jsonl").read())
+        evals = json.loads(tar.extractfile("runs/sweeps/s/nano-tied-s0/eval.json").read())
+    run = "runs/sweeps/s/nano-tied-s0"
+    assert f"{run}/eval.json" in names and "runs/sweeps/s/sweep.json" in names
+    assert not any("checkpoints" in n for n in names)
+    assert (f"{run}/rows.npz" in names) is not without_rows
+    assert metrics["loss"] == 5.123457 and evals["loss"] == 5.123456789012
+    assert not (study / "runs.tar.xz.partial").exists()
