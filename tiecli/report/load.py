@@ -227,14 +227,14 @@ def load_run(path: Path) -> Run:
     if bad := not_finite(final, evals, metrics):
         raise Skip(f"losses are NaN or infinite: {bad}")
     try:
-        setting = run_setting(config, choices, summary.dtype)
+        setting, params = run_setting(config, choices, summary.dtype), counts(summary.params)
         return Run(
             name=path.name,
             path=str(path),
             seed=config["seed"],
             setting=setting,
             choices=choices,
-            params={k: summary.params[k] for k in PARAM_KEYS},
+            params=params,
             tokens_per_s=summary.tokens_per_s,
             steps=summary.step,
             tokens=summary.tokens,
@@ -243,7 +243,7 @@ def load_run(path: Path) -> Run:
             bits_per_byte=final["bits_per_byte"],
             test=evals["test"].brief() if "test" in evals else None,
             gap=generalisation_gap(evals, metrics),
-            flops=training_flops(setting, summary.params["non_embedding"], summary.tokens),
+            flops=training_flops(setting, params["non_embedding"], summary.tokens),
             **curves(metrics),
             rows=sample,
             drift=[(e.step, e.input.get("drift"), None if e.tied else e.output.get("drift")) for e in entries],
@@ -256,8 +256,19 @@ def load_run(path: Path) -> Run:
             dtype=summary.dtype,
             threads=summary.threads,
         )
-    except (KeyError, TypeError, IndexError, AttributeError) as e:
+    # What the files can lack: config.yaml's seed, final_val's losses, the last geometry entry's singular values.
+    # Only that is caught: a coding error (AttributeError, TypeError) stops the report with its traceback.
+    except KeyError as e:
         raise Skip(f"a file lacks an expected field ({type(e).__name__}: {e})") from None
+
+
+def counts(params: dict) -> dict[str, int]:
+    """summary.json's parameter counts the report reads (PARAM_KEYS; KeyError when one is missing); Skip when one
+    is not a count (summary.json's schema checks that params is a mapping, not what it holds)."""
+    out = {k: params[k] for k in PARAM_KEYS}
+    if bad := [k for k, v in out.items() if not isinstance(v, int) or isinstance(v, bool)]:
+        raise Skip(f"{SUMMARY} params {bad[0]!r} is {out[bad[0]]!r}, not a count")
+    return out
 
 
 def not_finite(final: dict, evals: dict[str, EvalResult], metrics: list[MetricsRow]) -> str | None:
