@@ -32,6 +32,7 @@ from tiecli.report.claims_rules import (
     TEXTS,
     UNTIED_INIT,
     Claim,
+    ClaimId,
     loss_text,
     margins,
     missing,
@@ -71,7 +72,7 @@ def claims(
     rows += convergence_claims(pairs, axis, same_size, target)
     rows += [
         tested(
-            "C6",
+            ClaimId.C6,
             c.group.label,
             f"validation table ({c.split} split)",
             c.delta_loss(c.split),
@@ -80,7 +81,7 @@ def claims(
             loss_text,
         )
         for c in pairs
-    ] or [missing("C6", same_size)]
+    ] or [missing(ClaimId.C6, same_size)]
     rows += size_claims(pairs, axis, f"{tied} and {untied} runs at two or more model sizes")
     rows += data_claims(pairs, axis, f"{tied} and {untied} runs at two or more values of tokens seen")
     rows += gap_claims(pairs, margin["ppl"], tied, untied)
@@ -238,25 +239,25 @@ def verdict(row: Claim) -> tuple[str, str]:
 def derive(rows: list[Claim]) -> list[Claim]:
     """Rows read off judged ones, outside the Holm family: C3 (R6's test the other way) and R5/C6 (both parts)."""
     out = list(rows)
-    for r6 in (r for r in rows if r.claim == "R6"):
-        c3 = dataclasses.replace(r6, claim="C3", says=TEXTS["C3"], direction=-r6.direction)
+    for r6 in (r for r in rows if r.claim == ClaimId.R6):
+        c3 = dataclasses.replace(r6, claim=ClaimId.C3, says=TEXTS[ClaimId.C3], direction=-r6.direction)
         if c3.p is not None:
             settle(c3)
         out.append(c3)
-    for trend in (r for r in rows if r.claim == "R5/C6 (trend)"):
-        c6 = next(r for r in rows if r.claim == "C6" and r.comparison == trend.comparison.split(LADDER)[0])
+    for trend in (r for r in rows if r.claim == ClaimId.R5_C6_TREND):
+        c6 = next(r for r in rows if r.claim == ClaimId.C6 and r.comparison == trend.comparison.split(LADDER)[0])
         part = dataclasses.replace(
             c6,
-            claim="R5/C6 (smallest size)",
-            says=TEXTS["R5/C6 (smallest size)"],
+            claim=ClaimId.R5_C6_SMALLEST,
+            says=TEXTS[ClaimId.R5_C6_SMALLEST],
             comparison=trend.comparison,
             measured=f"{c6.comparison}: {c6.measured} (the C6 row)",
         )
         out += [
             part,
             Claim(
-                "R5/C6",
-                TEXTS["R5/C6"],
+                ClaimId.R5_C6,
+                TEXTS[ClaimId.R5_C6],
                 trend.comparison,
                 trend.figure,
                 f"smallest size: {part.verdict}; trend: {trend.verdict}",

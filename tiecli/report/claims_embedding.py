@@ -15,6 +15,7 @@ from tiecli.report.claims_rules import (
     TEXTS,
     UNTIED_INIT,
     Claim,
+    ClaimId,
     mean_text,
     missing,
     tested,
@@ -28,7 +29,7 @@ from tiecli.report.stats import EARLY_FRACTION, ci_text, mean_ci, pair_excess, p
 def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
     """R2 and C1 from the exact parameter counts: no seeds, so a plain verdict and no test."""
     if not pairs:
-        return [missing("R2", same_size), missing("C1", same_size)]
+        return [missing(ClaimId.R2, same_size), missing(ClaimId.C1, same_size)]
     rows = []
     for c in pairs:
         total = c.base.params["total"]
@@ -37,8 +38,8 @@ def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
         matrix, mlp = c.saved_params, 4 * n_embd * n_embd  # V x C against the largest other tensors, the MLP's 4C x C
         rows.append(
             Claim(
-                "R2",
-                TEXTS["R2"],
+                ClaimId.R2,
+                TEXTS[ClaimId.R2],
                 c.group.label,
                 "parameters table",
                 f"V x C = {matrix:,} vs the MLP's 4C x C = {mlp:,}; tying saves {share:.1%} of {total:,}",
@@ -49,8 +50,8 @@ def parameter_claims(pairs: list[Comparison], same_size: str) -> list[Claim]:
         inside = C1_CLAIMED_SHARE[0] <= share <= C1_CLAIMED_SHARE[1]
         rows.append(
             Claim(
-                "C1",
-                TEXTS["C1"],
+                ClaimId.C1,
+                TEXTS[ClaimId.C1],
                 c.group.label,
                 "parameters table",
                 f"{c.saved_params:,} saved = {share:.1%} of {total:,}" + c1_side(share),
@@ -82,7 +83,7 @@ def global_gradient_claims(
     pairs: list[Comparison], tied_groups: list[Group], tied: str, untied: str, margin
 ) -> list[Claim]:
     if not any(r.diag.get("grad_cos") is not None for g in tied_groups for r in g.runs):
-        return [missing("R4", f"{tied} runs with gradient statistics (diag.every > 0)")]
+        return [missing(ClaimId.R4, f"{tied} runs with gradient statistics (diag.every > 0)")]
     rows = []
     for c in pairs:
         values = c.delta(lambda r: r.diag.get("grad_cos"))
@@ -96,7 +97,7 @@ def global_gradient_claims(
             )
             rows.append(
                 tested(
-                    "R4",
+                    ClaimId.R4,
                     c.group.label,
                     "gradient table, grad_cos.png",
                     values,
@@ -105,7 +106,7 @@ def global_gradient_claims(
                     lambda ci, s=shown: f"Δcos {ci_text(ci)}; {s}",
                 )
             )
-    return rows or [missing("R4", f"{untied} runs with gradient statistics at the same size as the {tied} ones")]
+    return rows or [missing(ClaimId.R4, f"{untied} runs with gradient statistics at the same size as the {tied} ones")]
 
 
 def pair_claims(tied_groups: list[Group], tied: str) -> list[Claim]:
@@ -124,7 +125,7 @@ def pair_claims(tied_groups: list[Group], tied: str) -> list[Claim]:
         )
         rows.append(
             tested(
-                "R4 (pairs)",
+                ClaimId.R4_PAIRS,
                 g.label,
                 "results.csv (pair_* columns)",
                 [v for v in values if v is not None],
@@ -135,7 +136,8 @@ def pair_claims(tied_groups: list[Group], tied: str) -> list[Claim]:
         )
     return rows or [
         missing(
-            "R4 (pairs)", f"{tied} runs with pair gradient statistics (diag.every > 0, related pairs in the vocabulary)"
+            ClaimId.R4_PAIRS,
+            f"{tied} runs with pair gradient statistics (diag.every > 0, related pairs in the vocabulary)",
         )
     ]
 
@@ -147,8 +149,8 @@ def forms_claims(untied_groups: list[Group], untied: str, margin) -> list[Claim]
         contrast = [(r.diag.get("forms_contrast_input"), r.diag.get("forms_contrast_output")) for r in g.runs]
         values = [a - b for a, b in contrast if a is not None and b is not None]
         if values:
-            rows.append(tested("R3", g.label, "geometry table", values, +1, margin))
-    return rows or [missing("R3", f"{untied} runs with geometry and related-form pairs found")]
+            rows.append(tested(ClaimId.R3, g.label, "geometry table", values, +1, margin))
+    return rows or [missing(ClaimId.R3, f"{untied} runs with geometry and related-form pairs found")]
 
 
 def agreement_claims(groups: list[Group], untied: str, margin) -> list[Claim]:
@@ -165,7 +167,7 @@ def agreement_claims(groups: list[Group], untied: str, margin) -> list[Claim]:
             shown = f"CKA {mean_text(at['cka_init'])} -> {mean_text(at['cka'])}, distance {mean_text(at['distance_init'])} -> {mean_text(at['distance'])}"
             rows.append(
                 tested(
-                    "C2/C7",
+                    ClaimId.C2_C7,
                     g.label,
                     "agreement table",
                     values,
@@ -175,7 +177,7 @@ def agreement_claims(groups: list[Group], untied: str, margin) -> list[Claim]:
                 )
             )
     return rows or [
-        missing("C2/C7", f"{untied} or {UNTIED_INIT} runs with geometry at step 0 and later (diag.geometry)")
+        missing(ClaimId.C2_C7, f"{untied} or {UNTIED_INIT} runs with geometry at step 0 and later (diag.geometry)")
     ]
 
 
@@ -201,7 +203,7 @@ def cancellation_claims(pairs: list[Comparison], tied: str, untied: str) -> list
         )
         rows.append(
             tested(
-                "R4 (cancellation)",
+                ClaimId.R4_CANCELLATION,
                 c.group.label,
                 "results.csv (pair_cancel_* columns)",
                 values,
@@ -212,7 +214,7 @@ def cancellation_claims(pairs: list[Comparison], tied: str, untied: str) -> list
         )
     return rows or [
         missing(
-            "R4 (cancellation)",
+            ClaimId.R4_CANCELLATION,
             f"{tied} and {untied} runs of the same size with the cancellation statistics (diag.every > 0, related "
             "pairs in the vocabulary; tiecli since R4 (cancellation))",
         )
@@ -291,7 +293,7 @@ def alike_claims(pairs: list[Comparison], tied: str, untied: str, margin) -> lis
         )
         rows.append(
             tested(
-                "L1",
+                ClaimId.L1,
                 c.group.label,
                 "results.csv (alike_* columns)",
                 values,
@@ -302,6 +304,7 @@ def alike_claims(pairs: list[Comparison], tied: str, untied: str, margin) -> lis
         )
     return rows or [
         missing(
-            "L1", f"{tied} and {untied} runs of the same size and seeds with rows.npz (diag.geometry, tiecli since L1)"
+            ClaimId.L1,
+            f"{tied} and {untied} runs of the same size and seeds with rows.npz (diag.geometry, tiecli since L1)",
         )
     ]

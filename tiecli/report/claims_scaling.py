@@ -10,6 +10,7 @@ from tiecli.report.claims_rules import (
     LADDER,
     TEXTS,
     Claim,
+    ClaimId,
     missing,
     tested,
 )
@@ -37,12 +38,12 @@ def convergence_claims(pairs: list[Comparison], axis: Baseline, same_size: str, 
     in_ladder = {id(c) for ladder in budgets for c in ladder}
     why = "the rule reads end-of-schedule losses across budgets"
     rows += [
-        Claim("R6", TEXTS["R6"], c.group.label, "-", "-", ONE_BUDGET, why, direction=+1)
+        Claim(ClaimId.R6, TEXTS[ClaimId.R6], c.group.label, "-", "-", ONE_BUDGET, why, direction=+1)
         for c in pairs
         if id(c) not in in_ladder
     ]
     rows += [reading for c in pairs if (reading := schedule_reading(c))]
-    return rows or [missing("R6", f"{same_size} at two or more token budgets")]
+    return rows or [missing(ClaimId.R6, f"{same_size} at two or more token budgets")]
 
 
 def schedule_reading(c: Comparison) -> Claim | None:
@@ -53,8 +54,8 @@ def schedule_reading(c: Comparison) -> Claim | None:
     ci = mean_ci(values)
     why = "schedule-dependent: steps to the pair's target on one decaying schedule, where the slower mode may "
     return Claim(
-        "R6 (schedule-dependent)",
-        TEXTS["R6 (schedule-dependent)"],
+        ClaimId.R6_SCHEDULE,
+        TEXTS[ClaimId.R6_SCHEDULE],
         c.group.label,
         "convergence table, val_loss.png",
         f"Δsteps {ci_text(ci, 3, ' %')}",
@@ -126,15 +127,15 @@ def convergence_row(ladder: list[Comparison], fixed: float | None) -> Claim:
     figure = f"ppl_vs_tokens.png ({split} split, end of each schedule)"
     if target is None:
         why = "the two modes' seed-mean budget curves span no common loss"
-        return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", why, direction=+1)
+        return Claim(ClaimId.R6, TEXTS[ClaimId.R6], comparison, figure, "-", "inconclusive", why, direction=+1)
     values, units = log_ratios(ladder, target, split)
     note = f"{units - len(values)} of {units} units' curves do not reach loss {target:.4g} inside their budgets"
     if not values:
-        return Claim("R6", TEXTS["R6"], comparison, figure, "-", "inconclusive", note, direction=+1)
+        return Claim(ClaimId.R6, TEXTS[ClaimId.R6], comparison, figure, "-", "inconclusive", note, direction=+1)
     readings = range_readings(ladder, split) if fixed is None else []
     across = f"; across the common range {range_text(readings)}" if readings else ""
     row = tested(
-        "R6",
+        ClaimId.R6,
         comparison,
         figure,
         values,
@@ -169,7 +170,7 @@ def ladders(pairs: list[Comparison], axis: Baseline, free: tuple, x_of) -> list[
 
 
 def trend_claims(
-    pairs: list[Comparison], axis: Baseline, free: tuple, x_of, claim_id: str, figure: str, needs: str
+    pairs: list[Comparison], axis: Baseline, free: tuple, x_of, claim_id: ClaimId, figure: str, needs: str
 ) -> list[Claim]:
     """Slope of the per-seed Δloss against log10 of the scale, per ladder; above zero."""
     rows = [trend_row(ladder, x_of, claim_id, figure) for ladder in ladders(pairs, axis, free, x_of)]
@@ -186,7 +187,7 @@ def unit_deltas(c: Comparison, split: str) -> list[tuple[tuple, float]]:
     ]
 
 
-def trend_row(ladder: list[Comparison], x_of, claim_id: str, figure: str) -> Claim:
+def trend_row(ladder: list[Comparison], x_of, claim_id: ClaimId, figure: str) -> Claim:
     """The slope of the per-unit Δloss against log10 of the scale, judged on its seed-clustered interval (a unit's
     held-out text and tokenizer are shared across the scales); the plain OLS fit and the fit through the scales'
     means are shown beside it."""
@@ -229,10 +230,10 @@ def data_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Cla
         passes = [epochs(c) for c in ladder]
         fresh = [c for c, e in zip(ladder, passes) if e is not None and e <= 1 + EPOCH_TOLERANCE]
         if len(fresh) > 1:
-            rows.append(trend_row(fresh, budget, "R5", "ppl_vs_tokens.png"))
+            rows.append(trend_row(fresh, budget, ClaimId.R5, "ppl_vs_tokens.png"))
         if len(fresh) == len(ladder):
             continue
-        row = trend_row(ladder, budget, "R5", "ppl_vs_tokens.png")
+        row = trend_row(ladder, budget, ClaimId.R5, "ppl_vs_tokens.png")
         repeated = ", ".join(f"{e:.3g}" for e in passes if e is not None and e > 1 + EPOCH_TOLERANCE)
         row.p, row.why = (
             None,
@@ -245,13 +246,13 @@ def data_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Cla
             else f"not tested: repeated data ({repeated} epochs)"
         )
         rows.append(row)
-    return rows or [missing("R5", needs)]
+    return rows or [missing(ClaimId.R5, needs)]
 
 
 def size_claims(pairs: list[Comparison], axis: Baseline, needs: str) -> list[Claim]:
     """R5/C6's trend part per ladder of sizes; its smallest-size part is that size's C6 row, one test (see derive)."""
-    rows = trend_claims(pairs, axis, SIZE_KEYS, non_embedding, "R5/C6 (trend)", "ppl_vs_params.png", needs)
-    return [missing("R5/C6", needs)] if rows[0].verdict.startswith("no data") else rows
+    rows = trend_claims(pairs, axis, SIZE_KEYS, non_embedding, ClaimId.R5_C6_TREND, "ppl_vs_params.png", needs)
+    return [missing(ClaimId.R5_C6, needs)] if rows[0].verdict.startswith("no data") else rows
 
 
 def non_embedding(group: Group) -> int:

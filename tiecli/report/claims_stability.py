@@ -14,6 +14,7 @@ from scipy import stats as scipy_stats
 from tiecli.report.claims_rules import (
     TEXTS,
     Claim,
+    ClaimId,
     mean_text,
     missing,
     tested,
@@ -49,7 +50,7 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
         if values:
             rows.append(
                 tested(
-                    "R5/C2 gap",
+                    ClaimId.R5_C2_GAP,
                     c.group.label,
                     "generalisation gap table",
                     values,
@@ -61,7 +62,7 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
         if matched := c.delta_matched_gap():
             rows.append(
                 tested(
-                    "R5/C2 gap (equal fit)",
+                    ClaimId.R5_C2_GAP_EQUAL_FIT,
                     c.group.label,
                     "generalisation gap table",
                     matched,
@@ -72,7 +73,7 @@ def gap_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> list[
             )
     return rows or [
         missing(
-            "R5/C2 gap",
+            ClaimId.R5_C2_GAP,
             f"{tied} and {untied} runs with a train-split evaluation (eval.json train or "
             "metrics.jsonl train_eval_loss)",
         )
@@ -131,7 +132,7 @@ def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> lis
             )
             rows.append(
                 tested(
-                    "C2/C7 drift",
+                    ClaimId.C2_C7_DRIFT,
                     c.group.label,
                     "dynamics table, drift.png",
                     values,
@@ -142,7 +143,7 @@ def drift_claims(pairs: list[Comparison], margin, tied: str, untied: str) -> lis
             )
     return rows or [
         missing(
-            "C2/C7 drift",
+            ClaimId.C2_C7_DRIFT,
             f"{tied} and {untied} runs with drift_unit in geometry.json (diag.geometry; `tiecli geometry RUN --write` "
             "adds it to the last entry of a run that kept its checkpoints)",
         )
@@ -164,7 +165,7 @@ def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: s
             )
             rows.append(
                 tested(
-                    "C2 stability (spikes)",
+                    ClaimId.C2_SPIKES,
                     c.group.label,
                     "dynamics table",
                     spikes,
@@ -176,7 +177,7 @@ def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: s
         if jitter := log_ratios(c, grad_norm_jitter):
             rows.append(
                 tested(
-                    "C2 stability (grad norm)",
+                    ClaimId.C2_GRAD_NORM,
                     c.group.label,
                     "dynamics table",
                     jitter,
@@ -187,11 +188,9 @@ def stability_claims(pairs: list[Comparison], margin: dict, tied: str, untied: s
             )
     needs = f"{tied} and {untied} runs of the same size with logged train losses and grad_norm (metrics.jsonl)"
     found = {r.claim for r in rows}
-    rows += [missing("C2 stability (spikes)", needs)] if "C2 stability (spikes)" not in found else []
+    rows += [missing(ClaimId.C2_SPIKES, needs)] if ClaimId.C2_SPIKES not in found else []
     return rows + (
-        []
-        if "C2 stability (grad norm)" in found
-        else [few_early_norms(pairs) or missing("C2 stability (grad norm)", needs)]
+        [] if ClaimId.C2_GRAD_NORM in found else [few_early_norms(pairs) or missing(ClaimId.C2_GRAD_NORM, needs)]
     )
 
 
@@ -205,7 +204,7 @@ def few_early_norms(pairs: list[Comparison]) -> Claim | None:
         f"no data: the runs log grad_norm, but {'-'.join(map(str, dict.fromkeys([early[0], early[-1]])))} points in the "
         f"first {EARLY_FRACTION:.0%} of steps (the jitter needs 3; log more often: train.log_interval)"
     )
-    return Claim("C2 stability (grad norm)", TEXTS["C2 stability (grad norm)"], "-", "-", "-", why, "nothing to test")
+    return Claim(ClaimId.C2_GRAD_NORM, TEXTS[ClaimId.C2_GRAD_NORM], "-", "-", "-", why, "nothing to test")
 
 
 @dataclass
@@ -263,11 +262,7 @@ def divergence_claims(grid: Sequence[Outcome], tied: str, untied: str) -> list[C
     units = grid_pairs(grid, tied, untied)
     rates = sorted({lr for u in units if (lr := u[tied].lr) is not None})
     if len(rates) < 2:
-        return [
-            missing(
-                "C2 stability (divergence)", f"{tied} and {untied} runs at two or more train.lr values (an LR grid)"
-            )
-        ]
+        return [missing(ClaimId.C2_DIVERGENCE, f"{tied} and {untied} runs at two or more train.lr values (an LR grid)")]
     d = [int(u[tied].diverged) - int(u[untied].diverged) for u in units]
     tied_only, untied_only = d.count(1), d.count(-1)
     p = float(scipy_stats.binomtest(tied_only, tied_only + untied_only).pvalue) if tied_only + untied_only else 1.0
@@ -279,8 +274,8 @@ def divergence_claims(grid: Sequence[Outcome], tied: str, untied: str) -> list[C
     ci = mean_ci(d)
     return [
         Claim(
-            "C2 stability (divergence)",
-            TEXTS["C2 stability (divergence)"],
+            ClaimId.C2_DIVERGENCE,
+            TEXTS[ClaimId.C2_DIVERGENCE],
             f"{len(units)} {tied}/{untied} pairs over train.lr {rates[0]:g}-{rates[-1]:g}",
             "results.csv divergence rows",
             f"Δ divergence rate {ci_text(ci)}; diverged {shares}; discordant pairs: {tied} only {tied_only}, "

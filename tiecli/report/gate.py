@@ -26,12 +26,12 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from tiecli.report.claims_rules import LADDER, Claim
+from tiecli.report.claims_rules import LADDER, Claim, ClaimId
 from tiecli.report.groups import MIN_SEEDS, Baseline, Group, pick, values
 
 PLATEAU_FRACTION = 0.5  # at most this multiple of the unigram perplexity: off the plateau
 UNJUDGED = ("no data", "not tested", "descriptive")  # verdicts no rule reached: nothing to label
-EXACT = ("R2", "C1")  # exact parameter counts: no training, no seeds, nothing to label
+EXACT = (ClaimId.R2, ClaimId.C1)  # exact parameter counts: no training, no seeds, nothing to label
 PILOT, WITHHELD = "pilot", "withheld"
 KINDS = ("plateau", "baselines", "seeds", "pick", "screen", "lr", "edge")  # the order the report lists them in
 RULE = (

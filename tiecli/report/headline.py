@@ -3,7 +3,7 @@
 verdicts below can be read as results (report.gate). Every number is one the tables show too."""
 
 import tiecli.report.gate as gate
-from tiecli.report.claims_rules import Claim
+from tiecli.report.claims_rules import Claim, ClaimId
 from tiecli.report.compare import Comparison, compare
 from tiecli.report.groups import GROUPS, Baseline, Group
 from tiecli.report.render import BULLET
@@ -67,7 +67,7 @@ def difference(
     pairs = tied or comparisons
     if not pairs:
         return ["Main difference: none measured (no two groups differ only in the tying mode or the --baseline key)."]
-    c6 = {r.comparison: r.verdict for r in rows if r.claim == "C6"} if tied else {}
+    c6 = {r.comparison: r.verdict for r in rows if r.claim == ClaimId.C6} if tied else {}
     out = []
     for c in pairs[:MAX_PAIRS]:
         seeds = len(c.delta_loss(c.split))

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from tiecli.report.claims_rules import Claim
+from tiecli.report.claims_rules import Claim, ClaimId
 from tiecli.report.gate import WITHHELD
 from tiecli.report.load import Skipped
 from tiecli.report.render import NO_DATA, NOT_TESTED, TableSpec
@@ -119,26 +119,26 @@ def rich_table(spec: TableSpec) -> TerminalTable:
 
 # Each claim's name beside its id, for the terminal's short table (report.md has the claim's full text under Rules).
 NAMES = {
-    "R2": "largest tensor",
-    "C1": "parameter share saved",
-    "R4": "gradient cancellation, whole matrix",
-    "R4 (pairs)": "gradient opposition, related forms",
-    "R3": "related forms: pulled in, pushed out",
-    "C2/C7": "input and output spaces kept close",
-    "R6": "untied converges faster",
-    "C3": "tied converges faster",
-    "R6 (schedule-dependent)": "steps to a target, one schedule",
-    "C6": "tying lowers perplexity",
-    "R5/C6 (smallest size)": "tying helps the smallest model",
-    "R5/C6 (trend)": "tying's help shrinks with size",
-    "R5/C6": "tying helps small models, less large",
-    "R5": "untying wins with more data",
-    "R5/C2 gap": "tying regularises: raw gap",
-    "R5/C2 gap (equal fit)": "tying regularises: gap at equal fit",
-    "C2/C7 drift": "tying reduces embedding drift",
-    "C2 stability (spikes)": "tying stabilises: loss spikes",
-    "C2 stability (grad norm)": "tying stabilises: gradient norm",
-    "C2 stability (divergence)": "tying stabilises: divergence",
+    ClaimId.R2: "largest tensor",
+    ClaimId.C1: "parameter share saved",
+    ClaimId.R4: "gradient cancellation, whole matrix",
+    ClaimId.R4_PAIRS: "gradient opposition, related forms",
+    ClaimId.R3: "related forms: pulled in, pushed out",
+    ClaimId.C2_C7: "input and output spaces kept close",
+    ClaimId.R6: "untied converges faster",
+    ClaimId.C3: "tied converges faster",
+    ClaimId.R6_SCHEDULE: "steps to a target, one schedule",
+    ClaimId.C6: "tying lowers perplexity",
+    ClaimId.R5_C6_SMALLEST: "tying helps the smallest model",
+    ClaimId.R5_C6_TREND: "tying's help shrinks with size",
+    ClaimId.R5_C6: "tying helps small models, less large",
+    ClaimId.R5: "untying wins with more data",
+    ClaimId.R5_C2_GAP: "tying regularises: raw gap",
+    ClaimId.R5_C2_GAP_EQUAL_FIT: "tying regularises: gap at equal fit",
+    ClaimId.C2_C7_DRIFT: "tying reduces embedding drift",
+    ClaimId.C2_SPIKES: "tying stabilises: loss spikes",
+    ClaimId.C2_GRAD_NORM: "tying stabilises: gradient norm",
+    ClaimId.C2_DIVERGENCE: "tying stabilises: divergence",
 }
 
 
