@@ -1,12 +1,14 @@
 """The report's figures at one, two and three model sizes, checked on the matplotlib Figure objects:
 panel order, a colour and marker per group, whole-number step ticks, titles inside the figure."""
 
+import dataclasses
+
 import pytest
 from helpers import write_run
 
 from tiecli.report import load, plots
 from tiecli.report.compare import compare
-from tiecli.report.groups import BUDGET_KEYS, SIZE_KEYS, Baseline, group_runs
+from tiecli.report.groups import Baseline, group_runs
 from tiecli.report.stats import mean_ci
 
 # three sizes whose names sort, as text, unlike their parameter counts (micro < nano < small)
@@ -25,13 +27,17 @@ def report_groups(root, baseline="tying=untied"):
     axis = Baseline.parse(baseline)
     groups, _ = group_runs(load.load_runs([root])[0])
     targets = {c.group.label: c.target for c in compare(groups, axis)}
-    for g in groups:
-        g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
-        g.series = " ".join(v for k, v in g.parts.items() if k != "model" and k not in SIZE_KEYS)
-        g.budget_series = " ".join(v for k, v in g.parts.items() if k not in BUDGET_KEYS)
-        g.stats = {"perplexity": mean_ci(r.perplexity for r in g.runs)}
-        g.target = targets.get(g.label)
-    return groups
+    return [
+        dataclasses.replace(
+            g, axis=axis, stats={"perplexity": mean_ci(r.perplexity for r in g.runs)}, target=targets.get(g.label)
+        )
+        for g in groups
+    ]
+
+
+def panel_named(g, name):
+    """g with its figure panel named `name`: its model part renamed (the tying part is the baseline's axis)."""
+    return dataclasses.replace(g, parts={**g.parts, "model": name})
 
 
 @pytest.fixture
@@ -83,13 +89,11 @@ def test_panels_follow_parameter_count_then_the_numbers_in_their_names(grid):
     groups = grid(3)
     for figure in PER_PANEL.values():
         assert [ax.get_title() for ax in figure(groups).axes] == ["nano", "micro", "small"]
-    same_size = [g for g in groups if g.panel == "micro"]  # one parameter count: numbers in the names decide
-    for g, name in zip(same_size, ("lr 300", "lr 30")):
-        g.panel = name
-    extra = [g for g in groups if g.panel == "nano"]
-    for g in extra:
-        g.panel = "lr 200"
-        g.runs[0].params = {**g.runs[0].params, "non_embedding": SIZES["micro"]["non_embedding"]}
+    named = {"micro": iter(("lr 300", "lr 30")), "nano": iter(("lr 200", "lr 200"))}
+    groups = [panel_named(g, next(named[g.panel])) if g.panel in named else g for g in groups]
+    for g in groups:
+        if g.panel == "lr 200":  # at micro's parameter count too: among one count, the numbers in the names decide
+            g.runs[0].params = {**g.runs[0].params, "non_embedding": SIZES["micro"]["non_embedding"]}
     assert [p for p in plots.panels(groups)] == ["lr 30", "lr 200", "lr 300", "small"]
 
 
@@ -116,9 +120,8 @@ def test_each_group_has_its_own_marker_and_colour(grid):
 @pytest.mark.slow
 def test_groups_of_one_mode_in_a_panel_are_told_apart(grid):
     """Compared along another axis (here the model), a panel's groups share a tying mode: named by label."""
-    groups = grid(2)
-    for g in groups:
-        g.panel = g.mode
+    groups = [dataclasses.replace(g, axis=Baseline.parse("model=nano")) for g in grid(2)]  # panels: the modes
+    assert {g.panel for g in groups} == {"tied", "untied"}
     ax = plots.val_loss(groups).axes[0]
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert sorted(legend) == [
@@ -156,8 +159,8 @@ def test_each_panel_draws_the_target_of_each_of_its_pairs(grid, tmp_path):
         "target: tied vs untied": pytest.approx(3.07),
         "target: tied_bias vs untied": pytest.approx(3.25),
     }
-    for g in groups:  # one target for every pair (--target-loss): one line naming the pairs
-        g.target = None if g.mode == "untied" else 3.5
+    # one target for every pair (--target-loss): one line naming the pairs
+    groups = [dataclasses.replace(g, target=None if g.mode == "untied" else 3.5) for g in groups]
     (ax,) = plots.val_loss(groups).axes
     assert targets(ax) == {"target: tied, tied_bias vs untied": 3.5}
 

@@ -733,7 +733,9 @@ def test_ppl_vs_tokens_draws_a_line_per_mode_through_each_budgets_selected_rate(
     _, groups, _, _ = tiecli_report.load_groups([tmp_path])
     groups, dropped = tiecli_report.select(groups, ("train.lr",))
     assert len(groups) == 4 and len(dropped) == 4
-    tiecli_report.prepare(groups, [], dataclasses.replace(Baseline.parse("tying=untied"), free=("train.lr",)))
+    groups, _ = tiecli_report.compared(
+        groups, [], dataclasses.replace(Baseline.parse("tying=untied"), free=("train.lr",))
+    )
     ax = plots.ppl_vs_tokens(groups).axes[0]
     lines = {c.get_label(): list(c.lines[0].get_xdata()) for c in ax.containers}
     assert lines == {

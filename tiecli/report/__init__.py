@@ -45,12 +45,11 @@ from tiecli.report import (
     terminal,
 )
 from tiecli.report.groups import (
-    BUDGET_KEYS,
     IGNORED_KEYS,
     IGNORED_PREFIXES,
-    SIZE_KEYS,
     Baseline,
     Group,
+    NotSelected,
     group_runs,
     select,
     units,
@@ -116,6 +115,56 @@ def load_groups(paths: list[Path]):
     return runs, groups, skipped, twins
 
 
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """The runs read, grouped and selected: the groups --select kept; the groups before it (candidates: gate reads
+    whether a learning rate was chosen from a grid); every run left out; the groups --select left out; what is read
+    before --select (the divergence row's grid, every learning rate; the scope, every run); the Holm families."""
+
+    groups: list[Group]
+    candidates: list[Group]
+    skipped: list[load.Skipped]
+    dropped: list[NotSelected]
+    grid: list[claims_stability.Outcome]
+    scope: dict
+    families: dict[str, tuple[str, ...]]
+    family_source: str
+
+
+def selected(paths: list[Path], axis: Baseline, options: Options, chosen) -> Selection:
+    """The runs under paths as groups, --select applied; chosen: the --family option's families, if any."""
+    runs, groups, skipped, _ = load_groups(paths)
+    families, family_source = (chosen, "--family") if chosen else claims.declared_families([r.path for r in runs])
+    if axis != DEFAULT_BASELINE:
+        axis.check(groups)
+    grid = claims_stability.outcomes(groups, [s.diverged for s in skipped if s.diverged])
+    scope = results.scope([r for g in groups for r in g.runs])
+    kept, dropped = select(groups, options.select)
+    return Selection(kept, groups, skipped, dropped, grid, scope, families, family_source)
+
+
+@dataclasses.dataclass(frozen=True)
+class Compared:
+    """The groups against the baseline: the groups compared (see compared), each non-baseline group's comparison,
+    and each non-baseline group against the baseline at its total parameters (equal) and its FLOPs (compute)."""
+
+    groups: list[Group]
+    comparisons: list[compare.Comparison]
+    equal: dict[str, compare.EqualParams]
+    compute: dict[str, compare.EqualParams]
+
+
+def compare_all(groups: list[Group], axis: Baseline, target_loss: float | None) -> Compared:
+    groups, comparisons = compared(groups, compare.compare(groups, axis, target_loss), axis)
+    others = [g for g in groups if not axis.matches(g)]
+    return Compared(
+        groups,
+        comparisons,
+        {g.label: compare.equal_params(g, groups, axis) for g in others},
+        {g.label: compare.equal_compute(g, groups, axis) for g in others},
+    )
+
+
 def report(paths: list[Path], baseline: str, out: Path | None, console, options: Options = Options()) -> Path:
     """Read, group, compare and judge the runs under paths; print the tables and write the report folder."""
     from tiecli.report import plots  # matplotlib: loaded by `tiecli report`, not by `tiecli runs`
@@ -125,38 +174,37 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
     chosen = claims.family_option(list(options.families))
     out = out or default_out(paths)
     check_out(out)
-    runs, groups, skipped, twins = load_groups(paths)
-    families, family_source = (chosen, "--family") if chosen else claims.declared_families([r.path for r in runs])
-    if axis != DEFAULT_BASELINE:
-        axis.check(groups)
-    candidates = groups  # before --select: gate reads whether a learning rate was chosen from a grid
-    # before --select: the divergence row reads every learning rate, and the scope every run
-    grid = claims_stability.outcomes(groups, [s.diverged for s in skipped if s.diverged])
-    scope = results.scope([r for g in groups for r in g.runs])
-    groups, dropped = select(groups, options.select)
-    axis = dataclasses.replace(axis, free=options.select)
-    comparisons = compare.compare(groups, axis, options.target_loss)
-    prepare(groups, comparisons, axis)
-    equal = {g.label: compare.equal_params(g, groups, axis) for g in groups if not axis.matches(g)}
-    compute = {g.label: compare.equal_compute(g, groups, axis) for g in groups if not axis.matches(g)}
+    selection = selected(paths, axis, options, chosen)
+    done = compare_all(selection.groups, dataclasses.replace(axis, free=options.select), options.target_loss)
+    groups, skipped = done.groups, selection.skipped
     claim_rows = claims.claims(
-        groups, sesoi=sesoi, target=options.target_loss, free=options.select, grid=grid, families=families
+        groups,
+        sesoi=sesoi,
+        target=options.target_loss,
+        free=options.select,
+        grid=selection.grid,
+        families=selection.families,
     )
-    found, shown, top = labelled(groups, candidates, claim_rows, comparisons, options.select)
-    added = rule_tables.added_tables(groups, comparisons, compute, dropped, baseline)
+    conditions, shown, top = labelled(groups, selection.candidates, claim_rows, done.comparisons, options.select)
+    added = rule_tables.added_tables(groups, done.comparisons, done.compute, selection.dropped, baseline)
     references = reference.load_all(paths)  # pretrained models (tiecli geometry --model --out) under paths
-    specs = tables.build_tables(groups, comparisons, equal, shown, skipped, baseline, added, references)
-    rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, family_source) | {"units": units(groups)}
+    specs = tables.build_tables(
+        tables.TableInputs(groups, done.comparisons, done.equal, shown, skipped, baseline, added, references)
+    )
+    rules = stated_rules(baseline, sesoi, options) | family_rules(claim_rows, selection.family_source)
+    rules |= {"units": units(groups)}
     header = (
-        f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} groups{not_selected(dropped)}, {len(skipped)} skipped; "
-        f"baseline {baseline}; sources: {', '.join(map(str, paths))}; {results.scope_text(scope)}"
+        f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} groups{not_selected(selection.dropped)}, "
+        f"{len(skipped)} skipped; baseline {baseline}; sources: {', '.join(map(str, paths))}; "
+        f"{results.scope_text(selection.scope)}"
     )
     for renderable in terminal.terminal(top, shown, specs, skipped, header, str(out / "report.md")):
         console.print(renderable)
     images, absent = plots.draw_all(groups)  # absent: a line for each figure not drawn, saying why
-    rows = results.result_rows(groups, comparisons, equal, compute) + results.divergence_rows(
-        claims_stability.grid_pairs(grid)
+    rows = results.result_rows(groups, done.comparisons, done.equal, done.compute) + results.divergence_rows(
+        claims_stability.grid_pairs(selection.grid)
     )
+    made = settings(sesoi, options, selection.scope, claim_rows, selection.family_source, selection.dropped)
     write(
         out,
         {
@@ -165,14 +213,7 @@ def report(paths: list[Path], baseline: str, out: Path | None, console, options:
             "report.html": render.html_page(header, rules, specs, images, absent, top),
             "results.csv": results.csv_text(rows),
         },
-        results.results_json(
-            baseline,
-            rules,
-            rows,
-            claim_rows,
-            skipped,
-            labels(top, shown, found) | settings(sesoi, options, scope, claim_rows, family_source, dropped),
-        ),
+        results.results_json(baseline, rules, rows, claim_rows, skipped, labels(top, shown, conditions) | made),
     )
     console.print(f"report written to {out}")
     return out
@@ -220,18 +261,19 @@ def labels(top: list[str], shown: list[claims_rules.Claim], found: dict[str, lis
     }
 
 
-def prepare(groups: list[Group], comparisons: list[compare.Comparison], axis: Baseline) -> None:
-    """Each group's convergence target (its pair's; none for a baseline), statistics, figure panel and series
-    (axis.free: the --select keys)."""
+def compared(
+    groups: list[Group], comparisons: list[compare.Comparison], axis: Baseline
+) -> tuple[list[Group], list[compare.Comparison]]:
+    """The groups, each with its pair's convergence target (none for a baseline), its statistics and the axis its
+    figure panel and series leave out (axis.free: the --select keys); and the comparisons, made of those groups."""
     targets = {c.group.label: c.target for c in comparisons}
+    done: dict[int, Group] = {}
     for g in groups:
-        g.target = targets.get(g.label)
-        g.stats = stats.aggregate(g)
-        g.panel = " ".join(v for k, v in g.parts.items() if not axis.on_axis(k)) or "all runs"
-        # a line per mode through each size's or budget's own selected rate, not a line per rate
-        kept = {k: v for k, v in g.parts.items() if k not in axis.free}
-        g.series = " ".join(v for k, v in kept.items() if k != "model" and k not in SIZE_KEYS)
-        g.budget_series = " ".join(v for k, v in kept.items() if k not in BUDGET_KEYS)
+        with_target = dataclasses.replace(g, target=targets.get(g.label), axis=axis)
+        done[id(g)] = dataclasses.replace(with_target, stats=stats.aggregate(with_target))
+    return list(done.values()), [
+        dataclasses.replace(c, group=done[id(c.group)], base=done[id(c.base)]) for c in comparisons
+    ]
 
 
 def family_rules(rows: list[claims_rules.Claim], source: str) -> dict[str, str]:

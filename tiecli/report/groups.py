@@ -1,6 +1,7 @@
 # Used by `tiecli report`: runs into groups (one setting, several seeds), their labels, and the baseline.
 """Groups of runs equal in every setting but the seed, and the baseline a group is compared with."""
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -30,20 +31,42 @@ SIZE_KEYS = ("model.n_layer", "model.n_head", "model.n_embd")  # what model/*.ya
 BUDGET_KEYS = ("train.max_steps", "train.max_tokens")  # the data axis of R5
 
 
-@dataclass
+@dataclass(frozen=True)
 class Group:
-    """One setting, several seeds. label and parts are set by group_runs; the report fills the rest."""
+    """One setting, several seeds. Immutable: group_runs makes it, label_groups returns it labelled (parts), and
+    the report returns it compared (report.compared: target, stats, axis); what it shows follows from those."""
 
     setting: dict  # the flattened config less the seed and the ignored keys
     choices: dict
-    runs: list[Run] = field(default_factory=list)
-    label: str = ""
-    parts: dict[str, str] = field(default_factory=dict)  # label pieces by config group or key
-    target: float | None = None  # convergence target loss
+    runs: tuple[Run, ...]
+    parts: dict[str, str] = field(default_factory=dict)  # label pieces by config group or key (label_groups)
+    target: float | None = None  # convergence target loss: its compared pair's, None for a baseline
     stats: dict = field(default_factory=dict)  # per-run number -> stats.Interval over the seeds (or None)
-    panel: str = ""  # the figure panel: the label less the baseline axis
-    series: str = ""  # ppl_vs_params' series: the label less the model size and the --select keys
-    budget_series: str = ""  # ppl_vs_tokens' series: the label less the token budget and the --select keys
+    axis: "Baseline | None" = None  # the baseline's axis, its free keys the --select keys
+
+    @property
+    def label(self) -> str:
+        return " ".join(self.parts.values())
+
+    @property
+    def panel(self) -> str:
+        """The figure panel: the label less the baseline axis."""
+        return " ".join(v for k, v in self.parts.items() if not (self.axis and self.axis.on_axis(k))) or "all runs"
+
+    @property
+    def series(self) -> str:
+        """ppl_vs_params' series: the label less the model size and the --select keys (a line per mode through
+        each size's own selected rate, not a line per rate)."""
+        return " ".join(v for k, v in self._kept().items() if k != "model" and k not in SIZE_KEYS)
+
+    @property
+    def budget_series(self) -> str:
+        """ppl_vs_tokens' series: the label less the token budget and the --select keys."""
+        return " ".join(v for k, v in self._kept().items() if k not in BUDGET_KEYS)
+
+    def _kept(self) -> dict[str, str]:
+        free = self.axis.free if self.axis else ()
+        return {k: v for k, v in self.parts.items() if k not in free}
 
     @property
     def mode(self) -> str:
@@ -69,25 +92,28 @@ SPLIT_SEED = "data.split_seed"  # which text is held out: a second random factor
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[Skipped]]:
-    """Groups of runs equal in every setting but the seed; a second run of a group's unit is skipped.
+    """Groups of runs equal in every setting but the seed, labelled; a second run of a group's unit is skipped.
     data.split_seed joins the seed in the unit (seed, split_seed) wherever no seed has two of it (split_unit)."""
-    groups: dict[str, Group] = {}
+    members: dict[str, tuple[dict, dict, list[Run]]] = {}  # by setting: (setting, choices, runs)
     skipped: list[Skipped] = []
     unit_split = split_unit(runs)
     for run in runs:
         setting = {k: v for k, v in run.setting.items() if k != "seed" and not ignored(k, run.setting)}
         if unit_split.get(_setting_key(run)):
             setting.pop(SPLIT_SEED, None)
-        group = groups.setdefault(json.dumps(setting, sort_keys=True), Group(setting, run.choices))
-        twin = next((r for r in group.runs if r.unit == run.unit), None)
+        _, _, same = members.setdefault(json.dumps(setting, sort_keys=True), (setting, run.choices, []))
+        twin = next((r for r in same if r.unit == run.unit), None)
         if twin:
             skipped.append(Skipped(run.path, f"same settings and seed as {twin.path}"))
         else:
-            group.runs.append(run)
-    for group in groups.values():
-        group.runs.sort(key=lambda r: r.unit)
-    label_groups(list(groups.values()))
-    return sorted(groups.values(), key=lambda g: (g.params["non_embedding"], g.label)), skipped
+            same.append(run)
+    groups = label_groups(
+        [
+            Group(setting, choices, tuple(sorted(same, key=lambda r: r.unit)))
+            for setting, choices, same in members.values()
+        ]
+    )
+    return sorted(groups, key=lambda g: (g.params["non_embedding"], g.label)), skipped
 
 
 def _setting_key(run: Run) -> str:
@@ -128,8 +154,8 @@ def units(groups: list[Group]) -> str:
     )
 
 
-def label_groups(groups: list[Group]) -> None:
-    """Label: the model and tying choices, the other choices that differ between groups, and
+def label_groups(groups: list[Group]) -> list[Group]:
+    """The groups labelled (parts): the model and tying choices, the other choices that differ between groups, and
     KEY=VALUE for each differing key that the choices do not explain (e.g. train.max_tokens=...)."""
     keys = sorted(set().union(*(g.setting for g in groups)))
     differing = [k for k in keys if len({json.dumps(g.setting.get(k)) for g in groups}) > 1]
@@ -145,9 +171,12 @@ def label_groups(groups: list[Group]) -> None:
         return all(len(values) == 1 for values in by_choice.values())
 
     unexplained = [k for k in differing if not explained(k)]
-    for g in groups:
-        g.parts = {c: str(g.choices.get(c)) for c in shown} | {k: f"{k}={g.setting.get(k)}" for k in unexplained}
-        g.label = " ".join(g.parts.values())
+    return [
+        dataclasses.replace(
+            g, parts={c: str(g.choices.get(c)) for c in shown} | {k: f"{k}={g.setting.get(k)}" for k in unexplained}
+        )
+        for g in groups
+    ]
 
 
 # --- selection (--select KEY) -------------------------------------------------------------------------
@@ -255,9 +284,7 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
                     True,
                 )
             )
-    kept = [g for g in groups if any(g is k for k in kept)]  # the report's order
-    label_groups(kept)
-    return kept, dropped
+    return label_groups([g for g in groups if any(g is k for k in kept)]), dropped  # the report's order
 
 
 def shared_units(members: list[Group]) -> set[tuple]:

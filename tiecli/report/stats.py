@@ -187,7 +187,7 @@ def embedding_share(params: dict) -> float:
     return (params["input_embedding"] + params["output_matrix"] + params["shared"]) / params["total"]
 
 
-def judged_split(runs: list[Run]) -> str:
+def judged_split(runs: Sequence[Run]) -> str:
     """The split final numbers are judged on: test when every run has it, else val."""
     return "test" if all(r.test for r in runs) else "val"
 
@@ -307,7 +307,7 @@ def run_values(run: Run) -> dict[str, float | None]:
 # --- convergence ------------------------------------------------------------------------------------
 
 
-def target_loss(runs: list[Run]) -> float | None:
+def target_loss(runs: Sequence[Run]) -> float | None:
     """The highest of the runs' lowest validation losses: every run's curve reaches it."""
     lows = [min(loss for _, _, loss in r.curve) for r in runs if r.curve]
     return max(lows) if lows else None

@@ -5,6 +5,7 @@ the skipped runs; `build_tables` puts them in the report's order, with the table
 rules (rule_tables.py) before the claims table."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tiecli.display import num as _num
 from tiecli.report.claims_rules import VERDICT_RULE, Claim
@@ -50,21 +51,28 @@ def _stat(ci: Interval | None, key: str = "mean", spec: str = ".4g") -> str:
     return _num(getattr(ci, key) if ci else None, spec)
 
 
-def build_tables(
-    groups: list[Group],
-    comparisons: list[Comparison],
-    equal: dict[str, EqualParams],
-    claim_rows: list[Claim],
-    skipped: list[Skipped],
-    baseline: str,
-    added: list[TableSpec],
-    references: Sequence[Reference] = (),
-) -> list[TableSpec]:
-    """equal: {label: EqualParams} for every non-baseline group; the other groups are baselines.
-    added: the tables behind the claims' rules (rule_tables), placed before the claims table.
-    references: pretrained models, added as rows to the geometry table (report.reference)."""
-    by_group = {c.group.label: c for c in comparisons}
-    versus = f"vs {baseline}, paired by seed"
+@dataclass(frozen=True)
+class TableInputs:
+    """What the report's tables read. equal: {label: EqualParams} for every non-baseline group (the other groups
+    are baselines); claims: the claims table's rows as shown (gate); added: the tables behind the claims' rules
+    (rule_tables), placed before the claims table; references: pretrained models, added as rows to the geometry
+    table (report.reference)."""
+
+    groups: list[Group]
+    comparisons: list[Comparison]
+    equal: dict[str, EqualParams]
+    claims: list[Claim]
+    skipped: list[Skipped]
+    baseline: str
+    added: list[TableSpec]
+    references: Sequence[Reference] = ()
+
+
+def build_tables(inputs: TableInputs) -> list[TableSpec]:
+    """Every table of the report, in its order."""
+    groups, equal, references = inputs.groups, inputs.equal, inputs.references
+    by_group = {c.group.label: c for c in inputs.comparisons}
+    versus = f"vs {inputs.baseline}, paired by seed"
 
     def delta(label, key):
         c = by_group.get(label)
@@ -77,24 +85,24 @@ def build_tables(
         equal_table(groups, equal, versus),
         *diagnostics_tables(groups, references),
         *pairs_warnings(groups),
-        *added,
+        *inputs.added,
     ]
     tables.append(
         TableSpec(
             "Claims (tied vs untied, equal architecture unless stated)",
             f"verdict rule: {VERDICT_RULE}; labels: {GATE_RULE}; each claim's measure is stated under Rules (appendix)",
             ["claim", "comparison", "figure", "measured [95% CI]", "verdict", "why"],
-            [[c.claim, c.comparison, c.figure, c.measured, c.verdict, c.why] for c in claim_rows],
+            [[c.claim, c.comparison, c.figure, c.measured, c.verdict, c.why] for c in inputs.claims],
             text=True,
         )
     )
-    if skipped:
+    if inputs.skipped:
         tables.append(
             TableSpec(
                 "Skipped run directories",
                 "not used anywhere in this report",
                 ["run directory", "reason"],
-                [[s.path, s.reason] for s in skipped],
+                [[s.path, s.reason] for s in inputs.skipped],
                 text=True,
             )
         )
