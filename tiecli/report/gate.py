@@ -118,7 +118,7 @@ def edges(group: Group, members: list[Group], select: tuple[str, ...]) -> list[C
 
 
 def group_conditions(group: Group, candidates: list[Group], select: tuple[str, ...]) -> list[Condition]:
-    """The conditions that fire for one group (its statistics filled: report.prepare)."""
+    """The conditions that fire for one group (a compared one, its statistics filled: report.compared)."""
     steps = group.runs[0].steps
     out = []
     ppl, unigram = group.stats.get("perplexity"), group.stats.get("unigram_perplexity")
