@@ -238,7 +238,7 @@ def show_pretrained(model: Path, pairs: Path | None, out: Path | None, as_json: 
         return
     for line in pretrained.summary_lines(measured):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(pretrained.table(measured))
+    console.print(display.pretrained_table(measured, pretrained.label(measured)))
     if out is not None:
         console.print(f"written: {out / pretrained.PRETRAINED_FILE}", highlight=False, soft_wrap=True)
 

@@ -391,12 +391,3 @@ def geometry_of_model(path: Path, pairs_path: Path | None, out: Path | None) -> 
     if out is not None:
         write(out, entry)
     return entry
-
-
-def table(entry: dict):
-    """The entry as display.geometry_table shows a run's, titled for a pretrained model."""
-    from tiecli import display
-
-    t = display.geometry_table(entry, label(entry))
-    t.title = f"{label(entry)}: geometry of {entry['n_tokens']:,} tokens (control and unused tokens left out)"
-    return t

@@ -15,9 +15,9 @@ from rich.console import Console
 
 from tiecli import cancellation, checkpoint, diagnostics, distributed
 from tiecli.config.schema import Config
-from tiecli.display import TrainProgress
 from tiecli.errors import TiecliError
 from tiecli.evaluate import budget_tokens, evaluate, expected_line, final_windows
+from tiecli.formats import TrainProgress
 from tiecli.model import Embeddings
 from tiecli.optim import lr_at, untie, untie_step
 from tiecli.prepare import Setup, prepare

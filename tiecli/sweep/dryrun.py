@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 
 from tiecli.config.schema import Config, LauncherConfig
-from tiecli.display import duration
+from tiecli.formats import duration
 from tiecli.model import GPT, count_params
 from tiecli.optim import make_optimizer
 from tiecli.run.layout import is_run_dir
