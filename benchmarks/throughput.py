@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from tiecli import diagnostics, runtime, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
-from tiecli.model import GPT, Embeddings, GPTConfig
+from tiecli.config.schema import GPTConfig
+from tiecli.model import GPT, Embeddings
 from tiecli.optim import make_optimizer
 from tiecli.pairs import form_pairs
 

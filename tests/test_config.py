@@ -16,6 +16,7 @@ from tiecli.config.schema import (
     DataConfig,
     DiagConfig,
     EvalConfig,
+    GPTConfig,
     LocalLauncher,
     ModelShape,
     Settings,
@@ -23,7 +24,6 @@ from tiecli.config.schema import (
     TrainConfig,
 )
 from tiecli.errors import ConfigError, TiecliError
-from tiecli.model import GPTConfig
 
 
 def test_defaults_compose_to_dataclasses():

@@ -100,8 +100,9 @@ def test_a_collective_error_is_named_as_a_lost_peer_only_when_it_is_one():
 
 def test_evaluation_sums_by_bucket_without_bincount(monkeypatch):
     """The per-bucket sums come from index_add_: bincount sizes its output on the host, a GPU sync a batch."""
+    from tiecli.config.schema import GPTConfig
     from tiecli.data import load_corpus
-    from tiecli.model import GPT, GPTConfig
+    from tiecli.model import GPT
 
     def no_bincount(*args, **kwargs):
         raise AssertionError("torch.bincount called during evaluation")

@@ -12,8 +12,9 @@ from helpers import one_line_error, tiecli
 from tiecli import checkpoint, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
+from tiecli.config.schema import TYING_MODES
 from tiecli.errors import TiecliError
-from tiecli.model import GPT, TYING_MODES
+from tiecli.model import GPT
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
 from tiecli.run.records import Summary
 from tiecli.run.writer import RunWriter
