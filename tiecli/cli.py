@@ -133,11 +133,10 @@ def eval_(
     Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
     """
     with user_errors():
-        from tiecli.evaluate import evaluate_run
+        from tiecli.launch import evaluate_run, find_run, load_run_config
         from tiecli.sample import check_step
 
         check_step(step)
-        from tiecli.launch import find_run, load_run_config
 
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
@@ -200,12 +199,10 @@ def geometry(
             show_pretrained(Path(model), pairs, out, as_json)
             return
         assert run is not None  # check_geometry_args: a RUN or --model
-        from tiecli.launch import find_run, load_run_config
+        from tiecli.launch import find_run, geometry_of_run, load_run_config
 
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
-        from tiecli.diagnostics import geometry_of_run
-
         entry = geometry_of_run(run, run_config, step, str(pairs) if pairs else None, write)
         if as_json:
             print(json.dumps(entry.to_dict(), indent=2))

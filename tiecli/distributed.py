@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from tiecli.config.schema import TrainConfig
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.model import Embeddings
 from tiecli.runtime import affinity
 
 # How long a rank waits in a collective before giving up: long enough for rank 0's final
@@ -386,6 +387,21 @@ def any_(mask: torch.Tensor) -> torch.Tensor:
     counts = mask.to(torch.int32)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     return counts > 0
+
+
+def across_ranks(
+    emb: Embeddings, g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """diagnostics.gradient_paths and the input tokens of the global batch, from each rank's own (the identity in one process).
+
+    Under DDP a shared matrix's split holds each rank's own micro-batches' gradients: they are
+    averaged over the ranks in place, as DDP averages W.grad, and present is OR-ed, so the statistics
+    are those of one process on the whole batch. An untied model's wte.grad and lm_head.grad are
+    W.grad itself, which DDP has already averaged.
+    """
+    if emb.shared:
+        g_in, g_out = mean_(g_in), mean_(g_out)
+    return g_in, g_out, any_(present)
 
 
 def any_rank(flag: bool) -> bool:

@@ -1,6 +1,7 @@
-# Used by `tiecli train` and by every command that opens a run (eval, geometry, export, sample).
+# Used by `tiecli train`, `tiecli eval`, `tiecli geometry RUN` and every command that opens a run (export, sample).
 """Where a run lives and what a training command starts: a new run's directory and files, a resume's
-plan, the ranks under --nproc; and, for the other commands, a run found by path or bare name.
+plan, the ranks under --nproc; and, for the other commands, a run found by path or bare name, and
+`eval` and `geometry` on it (read from its checkpoint, recorded through its trackers).
 
 Imported inside the commands (it loads torch), so `tiecli --help` answers at once.
 """
@@ -11,17 +12,22 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tiecli import distributed
+from tiecli import checkpoint, distributed, trackers
 from tiecli import resume as resuming
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, from_run, to_yaml
 from tiecli.config.naming import check_name, run_name
 from tiecli.config.schema import Config
+from tiecli.data import load_corpus
+from tiecli.diagnostics import embedding_geometry, row_sample
 from tiecli.errors import ConfigError, TiecliError
-from tiecli.run.layout import CONFIG, OVERRIDES, SUMMARY, is_run_dir, run_path
+from tiecli.evaluate import evaluate, final_windows
+from tiecli.pairs import form_pairs
+from tiecli.run.layout import CONFIG, INIT_CHECKPOINT, OVERRIDES, SNAPSHOTS, SUMMARY, is_run_dir, run_path
 from tiecli.run.reader import RunReader
-from tiecli.run.records import Summary
+from tiecli.run.records import EvalResult, GeometryEntry, Summary, parse_record
 from tiecli.run.writer import discard_unstarted
+from tiecli.runtime import autocast_for, pick_device, pick_dtype
 from tiecli.train import train as train_run
 
 
@@ -143,3 +149,67 @@ def find_run(run: Path, runs_dir: Path) -> Path:
     ]
     hint = f"; did you mean {runs_dir / near[0]}?" if near else ""
     raise TiecliError(f"{str(run)!r} is not a run directory (it has no {SUMMARY} or {CONFIG}){hint}")
+
+
+def evaluate_run(run_dir: Path, config: Config, split: str, step: str = "latest") -> EvalResult:
+    """Reload a run's checkpoint and evaluate a whole split (or final_windows' subset).
+
+    step: latest (last.pt), recorded in eval.json; or a step with full weights (last.pt's, or one that
+    train.keep_checkpoints kept), only returned: eval.json keeps the latest checkpoint's, which `report` reads.
+    """
+    if step != "latest":
+        return _evaluate(RunReader(run_dir), config, split, step)
+    with trackers.open_run(run_dir) as run:
+        result = _evaluate(run.reader, config, split, step)
+        run.eval(result)
+    return result
+
+
+def _evaluate(reader: RunReader, config: Config, split: str, step: str) -> EvalResult:
+    device = pick_device(config.device)
+    corpus = load_corpus(config.data, config.tokenizer)
+    reader.check_corpus(corpus.key)
+    model, ckpt = checkpoint.load_model(reader.full_checkpoint(step), config.model, reader.name)
+    checkpoint.check_step(ckpt, step, reader.kept_steps(), reader.name)
+    autocast = autocast_for(device, pick_dtype(config.dtype, device))
+    windows = final_windows(corpus, split, config.model.block_size, config.eval.max_tokens)
+    metrics = evaluate(
+        model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast, windows=windows
+    )
+    return EvalResult(step=ckpt["state"]["step"], **metrics)
+
+
+def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | None, write: bool) -> GeometryEntry:
+    """Recompute the geometry entry of a run at `step` (latest, init or a snapshot's step number).
+
+    With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost,
+    and at `latest` the row sample into rows.npz (a run trained before either keeps them from then on).
+    """
+    reader, name = RunReader(run_dir), run_dir.name
+    init = checkpoint.load_embeddings(run_dir / INIT_CHECKPOINT, config.model, name)
+    if step == "latest":
+        ckpt = checkpoint.load_last(run_dir)
+        emb, number = checkpoint.embeddings_of(ckpt, config.model, name), ckpt["state"]["step"]
+    elif step == "init":
+        emb, number = init, 0
+    else:
+        saved = reader.snapshot_steps()
+        if not step.isdigit() or int(step) not in saved:
+            choices = ", ".join(["latest", "init", *map(str, saved)])
+            raise TiecliError(
+                f"--step {step!r} has no saved token matrices in {str(run_dir)!r}; choose one of {choices}"
+            )
+        number = int(step)
+        emb = checkpoint.load_embeddings(run_dir / SNAPSHOTS / f"step_{number}.pt", config.model, name)
+    corpus = load_corpus(config.data, config.tokenizer)
+    reader.check_corpus(corpus.key)
+    pairs, pairs_info = form_pairs(corpus.encoding, pairs_path or config.diag.pairs)
+    buckets = corpus.buckets(config.eval.buckets)
+    measured = embedding_geometry(emb, init, corpus.counts, buckets, pairs, pairs_info, config.diag.seed)
+    entry = parse_record(GeometryEntry, {"step": number, **measured}, "a geometry entry")
+    if write:
+        with trackers.open_run(run_dir) as run:
+            run.geometry(entry)
+            if step == "latest":  # rows.npz holds the last step's rows, never an earlier step's
+                run.row_sample(number, *row_sample(emb, corpus.counts))
+    return entry

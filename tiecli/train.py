@@ -262,7 +262,7 @@ def grad_stats(
     if present is None:
         return {}
     emb = s.model.emb
-    g_in, g_out, present = diagnostics.across_ranks(emb, *diagnostics.gradient_paths(emb), present)
+    g_in, g_out, present = distributed.across_ranks(emb, *diagnostics.gradient_paths(emb), present)
     if s.scaler:  # fp16: the gradients are still multiplied by the loss scale
         g_in, g_out = g_in / s.scaler.get_scale(), g_out / s.scaler.get_scale()
     stats = diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)
