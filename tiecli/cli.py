@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from tiecli import arguments as opt
 from tiecli import display
-from tiecli.errors import ConfigError, TiecliError
+from tiecli.errors import ConfigError, Interrupted, TiecliError
 from tiecli.run.reader import RunReader
 
 app = typer.Typer(
@@ -37,10 +37,10 @@ def user_errors():
     """A TiecliError, or an error of the operating system, becomes one line on stderr and an exit code; no traceback."""
     try:
         yield
+    except Interrupted as e:  # stopped on request (Ctrl-C, SIGTERM): what happened, not an error
+        err_console.print(escape(str(e)), highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
     except TiecliError as e:
-        if e.exit_code == 130:  # stopped on request (Ctrl-C, SIGTERM): what happened, not an error
-            err_console.print(escape(str(e)), highlight=False, soft_wrap=True)
-            raise typer.Exit(130) from None
         fail(str(e), e.exit_code)
     except OSError as e:  # disk full, read-only folder, a name too long, a file where a folder should be
         where = f": {e.filename}" if e.filename else ""

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from tiecli.config.schema import TrainConfig
-from tiecli.errors import ConfigError, TiecliError
+from tiecli.errors import ConfigError, Interrupted, TiecliError
 from tiecli.model import Embeddings
 from tiecli.runtime import affinity
 
@@ -140,10 +140,8 @@ def stop_with_launcher() -> None:
     threading.Thread(target=watch, name="tiecli-launcher-watch", daemon=True).start()
 
 
-def stopped_while_starting() -> TiecliError:
-    error = TiecliError("interrupted before the run started; nothing was written")
-    error.exit_code = 130
-    return error
+def stopped_while_starting() -> Interrupted:
+    return Interrupted("interrupted before the run started; nothing was written")
 
 
 def failed_ranks(codes: dict[int, int], nproc: int) -> int:
@@ -169,11 +167,14 @@ def killed_by_signal(rank: int, nproc: int, signum: int) -> TiecliError:
     Exit code 130 for a stop signal, as for any interrupted run; else 128 + the signal's number."""
     name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
     why = "kill -9 or the out-of-memory killer" if signum == signal.SIGKILL else "before it could catch it"
-    error = TiecliError(
+    line = (
         f"rank {rank} of {nproc} was ended by {name} ({why}); what the run had saved is kept: "
         "run the same command again, with --resume if the run exists"
     )
-    error.exit_code = 130 if signum in STOP_SIGNALS else 128 + signum
+    if signum in STOP_SIGNALS:
+        return Interrupted(line)
+    error = TiecliError(line)
+    error.exit_code = 128 + signum
     return error
 
 

@@ -11,3 +11,10 @@ class ConfigError(TiecliError):
     """A bad override, key or group choice. Exit code 2, like any other usage error."""
 
     exit_code = 2
+
+
+class Interrupted(TiecliError):
+    """The run stopped on request (Ctrl-C, SIGTERM, a cluster's time limit), having saved what it had.
+    Exit code 130, as a shell gives a process that Ctrl-C ended; the CLI prints it as what happened, not as an error."""
+
+    exit_code = 130

@@ -20,7 +20,7 @@ from tiecli.config.naming import check_name, run_name
 from tiecli.config.schema import Config
 from tiecli.data import load_corpus
 from tiecli.diagnostics import embedding_geometry, row_sample
-from tiecli.errors import ConfigError, TiecliError
+from tiecli.errors import ConfigError, Interrupted, TiecliError
 from tiecli.evaluate import evaluate, final_windows
 from tiecli.pairs import form_pairs
 from tiecli.run.layout import CONFIG, INIT_CHECKPOINT, OVERRIDES, SNAPSHOTS, SUMMARY, is_run_dir, run_path
@@ -94,11 +94,10 @@ def run_training(run_config, path: Path, resume: bool, files, config_dir: Path |
     """tiecli.train.train, with the resume command added to a stop's line (rank 0's)."""
     try:
         return train_run(run_config, path, resume, files)
-    except TiecliError as e:
-        if e.exit_code == 130:
-            distributed.said_stop()  # rank 0 prints the line: --nproc's launcher adds none
-        if e.exit_code == 130 and is_run_dir(path) and distributed.is_rank0():
-            raise type(e)(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
+    except Interrupted as e:
+        distributed.said_stop()  # rank 0 prints the line: --nproc's launcher adds none
+        if is_run_dir(path) and distributed.is_rank0():
+            raise Interrupted(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
         raise
 
 

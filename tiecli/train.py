@@ -15,7 +15,7 @@ from rich.console import Console
 
 from tiecli import cancellation, checkpoint, diagnostics, distributed
 from tiecli.config.schema import Config
-from tiecli.errors import TiecliError
+from tiecli.errors import Interrupted, TiecliError
 from tiecli.evaluate import budget_tokens, evaluate, expected_line, final_windows
 from tiecli.formats import TrainProgress
 from tiecli.model import Embeddings
@@ -27,12 +27,6 @@ from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary, p
 from tiecli.run.writer import RunWriter
 from tiecli.runstate import TrainState, finish, mean_loss, open_on_ranks, run_threads, save_checkpoint
 from tiecli.runtime import full_fp32, peak_memory, synchronize
-
-
-class Interrupted(TiecliError):
-    """The run stopped on Ctrl-C/SIGTERM after saving a checkpoint."""
-
-    exit_code = 130
 
 
 class StopFlag:
