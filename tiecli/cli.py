@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from tiecli import arguments as opt
 from tiecli import display
-from tiecli.errors import ConfigError, Interrupted, TiecliError
+from tiecli.errors import AlreadyComplete, ConfigError, Interrupted, TiecliError
 from tiecli.run.reader import RunReader
 
 app = typer.Typer(
@@ -37,6 +37,8 @@ def user_errors():
     """A TiecliError, or an error of the operating system, becomes one line on stderr and an exit code; no traceback."""
     try:
         yield
+    except AlreadyComplete as e:
+        console.print(str(e), highlight=False, markup=False, soft_wrap=True)
     except Interrupted as e:  # stopped on request (Ctrl-C, SIGTERM): what happened, not an error
         err_console.print(escape(str(e)), highlight=False, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None

@@ -18,3 +18,10 @@ class Interrupted(TiecliError):
     Exit code 130, as a shell gives a process that Ctrl-C ended; the CLI prints it as what happened, not as an error."""
 
     exit_code = 130
+
+
+class AlreadyComplete(TiecliError):
+    """`tiecli train --resume` of a completed run that the overrides do not extend: nothing to do.
+    Exit code 0; the CLI prints the line on stdout as what happened, not as an error."""
+
+    exit_code = 0

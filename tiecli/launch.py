@@ -10,17 +10,17 @@ import difflib
 import shlex
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from tiecli import checkpoint, distributed, trackers
 from tiecli import resume as resuming
 from tiecli.config.checks import to_config
-from tiecli.config.compose import compose, from_run, to_yaml
+from tiecli.config.compose import compose, from_run, recompose, resume_config, to_yaml
 from tiecli.config.naming import check_name, run_name
 from tiecli.config.schema import Config
 from tiecli.data import load_corpus
 from tiecli.diagnostics import embedding_geometry, row_sample
-from tiecli.errors import ConfigError, Interrupted, TiecliError
+from tiecli.errors import AlreadyComplete, ConfigError, Interrupted, TiecliError
 from tiecli.evaluate import evaluate, final_windows
 from tiecli.pairs import form_pairs
 from tiecli.run.layout import CONFIG, INIT_CHECKPOINT, OVERRIDES, SNAPSHOTS, SUMMARY, is_run_dir, run_path
@@ -40,8 +40,6 @@ def train(
         path, cfg, files = distributed.from_rank0(
             lambda: plan_run(overrides, runs_dir, name, resume, config_dir, world)
         )
-        if path is None:
-            return None
         run_config = to_config(cfg)
         summary = run_training(run_config, path, resume, files, config_dir)
     return None if summary is None else (path, summary, run_config)  # None on ranks other than 0
@@ -51,10 +49,8 @@ def start_ranks(
     overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, nproc: int
 ) -> int:
     """`tiecli train --nproc N`: check everything once here, then the same command under torchrun on N
-    processes; their exit code (0 when the plan found nothing to do)."""
-    path, cfg, _ = plan_run(overrides, runs_dir, name, resume, config_dir, nproc)
-    if path is None:
-        return 0
+    processes; their exit code."""
+    _, cfg, _ = plan_run(overrides, runs_dir, name, resume, config_dir, nproc)
     distributed.rank_shape(to_config(cfg).train, nproc)
     args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
     args += [*(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
@@ -64,7 +60,7 @@ def start_ranks(
 def plan_run(overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, world: int):
     """The path, config and files of the run to train: a resume's plan on `world` ranks, or a new run's."""
     if resume:
-        return resuming.plan(runs_dir, name, overrides, config_dir, world)
+        return plan_resume(runs_dir, name, overrides, config_dir, world)
     return plan_new_run(runs_dir, name, overrides, config_dir)
 
 
@@ -124,6 +120,34 @@ def plan_new_run(runs_dir: Path, name: str | None, overrides: list[str], config_
         OVERRIDES: OmegaConf.to_yaml({"overrides": overrides, "choices": choices}),
     }
     return path, cfg, files
+
+
+def plan_resume(
+    runs_dir: Path, name: str | None, overrides: list[str], config_dir: Path | None, world_size: int = 1
+) -> tuple[Path, DictConfig, dict]:
+    """The run to resume, the config it continues with and the files to rewrite (config.yaml).
+
+    AlreadyComplete when there is nothing to do: a completed run the overrides do not extend.
+    world_size: the processes that would train it, which must be those that did (summary.json says;
+    the checkpoint, checked again when it is loaded, has each rank's data and RNG streams).
+    """
+    if name is None:  # the run the same overrides would have named
+        cfg, choices = compose(overrides, config_dir)
+        name = run_name(choices, cfg, overrides)
+    path = run_path(runs_dir, name)
+    if not is_run_dir(path):
+        raise TiecliError(f"there is no run {name!r} in {str(runs_dir)!r} to resume; leave out --resume to start it")
+    reader = RunReader(path)
+    choices = reader.overrides()["choices"]
+    cfg = resume_config(recompose(reader.config(), choices), choices, overrides)
+    summary = reader.summary()
+    distributed.refuse_world_size(name, summary.world_size, world_size)
+    if summary.status == "completed" and to_config(cfg).max_steps <= summary.step:
+        raise AlreadyComplete(
+            f"run {name} is already complete (step {summary.step}); extend it with e.g. train.max_steps={2 * summary.step}"
+        )
+    resuming.check_files(reader, to_config(cfg).model)  # at once, before the data and model are built
+    return path, cfg, {CONFIG: to_yaml(cfg)}
 
 
 def load_run_config(run: Path):
