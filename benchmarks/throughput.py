@@ -343,7 +343,7 @@ from tiecli import prepare
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 cfg = to_config(compose(sys.argv[2:])[0])
-s = prepare.prepare(cfg)
+s = prepare.set_up(cfg)
 B, T = cfg.train.batch_size, cfg.model.block_size
 batch = torch.from_numpy(s.corpus.tokens['train'][: B * (T + 1)].astype('int64')).view(B, T + 1).to(s.device)
 with s.autocast():

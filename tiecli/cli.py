@@ -82,8 +82,8 @@ def main(
     """
 
 
-@app.command()
-def train(
+@app.command("train")
+def train_and_show(
     overrides: opt.Overrides = None,
     name: opt.TrainName = None,
     resume: opt.Resume = False,
@@ -103,7 +103,7 @@ def train(
         runs_dir, name = launch.run_place(overrides, resume, runs_dir, name, multirun)
         if nproc is not None and not distributed.launched():  # check everything once, then start the ranks
             raise typer.Exit(launch.start_ranks(overrides, runs_dir, name, resume, config_dir, nproc))
-        trained = launch.train(overrides, runs_dir, name, resume, config_dir, nproc)
+        trained = launch.plan_and_train(overrides, runs_dir, name, resume, config_dir, nproc)
         if trained is not None:  # rank 0 reports
             show_trained(*trained)
 
@@ -116,10 +116,10 @@ def show_trained(path: Path, summary, run_config) -> None:
         console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
     console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
     if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
-        from tiecli.sample import DEFAULT_PROMPT, Options, prepare, stream_sample
+        from tiecli.sample import DEFAULT_PROMPT, Options, load_sampling, stream_sample
 
         n = run_config.train.sample_tokens
-        sampling = prepare(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))
+        sampling = load_sampling(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))
         stream_sample(sampling, console, err_console)
 
 
@@ -136,9 +136,8 @@ def eval_(
     """
     with user_errors():
         from tiecli.launch import evaluate_run, find_run, load_run_config
-        from tiecli.sample import check_step
 
-        check_step(step)
+        opt.check_step_option(step)
 
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
@@ -294,16 +293,16 @@ def sample(
     """
     with user_errors():
         from tiecli.launch import find_run, load_run_config
-        from tiecli.sample import Options, check_step, prepare, read_prompt, sample_run, show_samples, stream_sample
+        from tiecli.sample import Options, load_sampling, read_prompt, sample_run, show_samples, stream_sample
 
         options = Options(
             read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed
         )
         options.check()
-        check_step(step)
+        opt.check_step_option(step)
         chosen = [find_run(r, runs_dir) for r in [run, *([compare] if compare else [])]]
         if not as_json and len(chosen) == 1 and num_samples == 1:  # one text: printed as it is drawn
-            stream_sample(prepare(chosen[0], load_run_config(chosen[0]), step, options), console, err_console)
+            stream_sample(load_sampling(chosen[0], load_run_config(chosen[0]), step, options), console, err_console)
             return
         results = [sample_run(r, load_run_config(r), step, options) for r in chosen]
         if as_json:

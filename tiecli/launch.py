@@ -28,10 +28,10 @@ from tiecli.run.reader import RunReader
 from tiecli.run.records import EvalResult, GeometryEntry, Summary, parse_record
 from tiecli.run.writer import discard_unstarted
 from tiecli.runtime import autocast_for, pick_device, pick_dtype
-from tiecli.train import train as train_run
+from tiecli.train import train
 
 
-def train(
+def plan_and_train(
     overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, nproc: int | None
 ) -> tuple[Path, Summary, Config] | None:
     """Plan the run on rank 0 (a refusal is every rank's), train it; rank 0 gets (path, summary, config)."""
@@ -87,9 +87,9 @@ def run_place(overrides: list[str], resume: bool, runs_dir: Path, name: str | No
 
 
 def run_training(run_config, path: Path, resume: bool, files, config_dir: Path | None):
-    """tiecli.train.train, with the resume command added to a stop's line (rank 0's)."""
+    """train (tiecli/train.py), with the resume command added to a stop's line (rank 0's)."""
     try:
-        return train_run(run_config, path, resume, files)
+        return train(run_config, path, resume, files)
     except Interrupted as e:
         distributed.said_stop()  # rank 0 prints the line: --nproc's launcher adds none
         if is_run_dir(path) and distributed.is_rank0():

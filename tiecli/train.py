@@ -20,7 +20,7 @@ from tiecli.evaluate import budget_tokens, evaluate, expected_line, final_window
 from tiecli.formats import TrainProgress
 from tiecli.model import Embeddings
 from tiecli.optim import lr_at, untie, untie_step
-from tiecli.prepare import Setup, prepare
+from tiecli.prepare import Setup, set_up
 from tiecli.run.files import now
 from tiecli.run.layout import INIT_CHECKPOINT, SNAPSHOTS
 from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary, parse_record
@@ -76,7 +76,7 @@ def train(
     console = console or Console(stderr=True, quiet=not distributed.is_rank0())
     with StopFlag() as stop:
         threads = run_threads(config, run_dir, resume)
-        s = prepare(config)
+        s = set_up(config)
         if distributed.any_rank(stop.requested):  # every rank stops here, so rank 0 alone says so
             raise Interrupted("interrupted before the run started; nothing was written")
         run, state, resumed = open_on_ranks(s, run_dir, resume, files)
