@@ -25,7 +25,8 @@ from throughput import CONFIGS, DEVICE, sync, tiecli_variant, timed
 from tiecli import cancellation, diagnostics, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
-from tiecli.model import GPT, GPTConfig
+from tiecli.config.schema import GPTConfig
+from tiecli.model import GPT
 from tiecli.optim import make_optimizer
 from tiecli.pairs import form_pairs
 

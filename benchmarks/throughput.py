@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from tiecli import diagnostics, runtime, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
-from tiecli.model import GPT, Embeddings, GPTConfig
+from tiecli.config.schema import GPTConfig
+from tiecli.model import GPT, Embeddings
 from tiecli.optim import make_optimizer
 from tiecli.pairs import form_pairs
 
@@ -342,7 +343,7 @@ from tiecli import prepare
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 cfg = to_config(compose(sys.argv[2:])[0])
-s = prepare.prepare(cfg)
+s = prepare.set_up(cfg)
 B, T = cfg.train.batch_size, cfg.model.block_size
 batch = torch.from_numpy(s.corpus.tokens['train'][: B * (T + 1)].astype('int64')).view(B, T + 1).to(s.device)
 with s.autocast():

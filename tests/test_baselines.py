@@ -25,7 +25,7 @@ def corpus(train: list[int], val: list[int], vocab: int, token_bytes: list[int] 
 
 def test_unigram_and_bigram_match_counts_by_hand():
     # train: 0 1 0 1 0 2 (V = 3); val: 0 1 2, so the scored tokens are 1 and 2.
-    scores = baselines.measure(corpus([0, 1, 0, 1, 0, 2], [0, 1, 2], 3, token_bytes=[1, 2, 3]))
+    scores = baselines.score_corpus(corpus([0, 1, 0, 1, 0, 2], [0, 1, 2], 3, token_bytes=[1, 2, 3]))
     p_uni = [(2 + 1) / (6 + 3), (1 + 1) / (6 + 3)]  # c(1) = 2, c(2) = 1
     assert scores["unigram"]["loss"] == pytest.approx(-np.mean(np.log(p_uni)))
     k = scores["bigram"]["k"]
@@ -40,14 +40,14 @@ def test_unigram_and_bigram_match_counts_by_hand():
 
 def test_k_is_the_best_of_the_grid_on_the_scored_split():
     train, val = [0, 1, 0, 1, 0, 2], [0, 1, 2]
-    chosen = baselines.measure(corpus(train, val, 3))["bigram"]
+    chosen = baselines.score_corpus(corpus(train, val, 3))["bigram"]
     for k, nll in baselines.bigram_nll(np.array(train), np.array(val), 3, baselines.K_GRID).items():
         assert chosen["loss"] <= nll.mean() + 1e-12, k
 
 
 def test_a_deterministic_sequence_is_nearly_free_for_the_bigram_but_not_the_unigram():
     alternating = [0, 1] * 500
-    scores = baselines.measure(corpus(alternating, alternating[:200], 2))
+    scores = baselines.score_corpus(corpus(alternating, alternating[:200], 2))
     assert scores["unigram"]["perplexity"] == pytest.approx(2.0, rel=1e-3)
     assert scores["bigram"]["perplexity"] < 1.01
 

@@ -11,7 +11,8 @@ from helpers import tiecli
 from tiecli import cancellation, diagnostics, geometry, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
-from tiecli.model import GPT, GPTConfig
+from tiecli.config.schema import GPTConfig
+from tiecli.model import GPT
 from tiecli.run.layout import CONFIG, ROW_SAMPLE
 from tiecli.run.reader import RunReader
 

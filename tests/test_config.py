@@ -16,6 +16,7 @@ from tiecli.config.schema import (
     DataConfig,
     DiagConfig,
     EvalConfig,
+    GPTConfig,
     LocalLauncher,
     ModelShape,
     Settings,
@@ -23,7 +24,6 @@ from tiecli.config.schema import (
     TrainConfig,
 )
 from tiecli.errors import ConfigError, TiecliError
-from tiecli.model import GPTConfig
 
 
 def test_defaults_compose_to_dataclasses():
@@ -379,14 +379,14 @@ def test_packaged_conf_is_found():
 
 
 def test_resume_may_change_what_measures_a_run_not_what_trains_it():
-    from tiecli import resume
+    from tiecli.config.compose import resume_config
 
     stored, choices = compose([])
-    cfg = resume.resume_config(stored, choices, ["train.evals=10", "eval.test=false", "diag.max_snapshots=5"])
+    cfg = resume_config(stored, choices, ["train.evals=10", "eval.test=false", "diag.max_snapshots=5"])
     assert (cfg.train.evals, cfg.eval.test, cfg.diag.max_snapshots) == (10, False, 5)
     for override in ("train.warmup_fraction=0.2", "train.lr_embedding=0.01", "train.lr_output=0.01"):
         with pytest.raises(ConfigError) as e:
-            resume.resume_config(stored, choices, [override])
+            resume_config(stored, choices, [override])
         assert re.match(f"{override.split('=')[0]} was (None|0.1) in this run", str(e.value))
         assert str(e.value).endswith(
             "train.evals, train.eval_batches, train.log_interval, train.checkpoint_interval, "

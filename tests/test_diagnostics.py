@@ -11,8 +11,9 @@ from tiecli import diagnostics, tokenizer, train
 from tiecli.cli import app
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, default_config_dir, to_yaml
+from tiecli.config.schema import GPTConfig
 from tiecli.errors import TiecliError
-from tiecli.model import GPT, GPTConfig
+from tiecli.model import GPT
 from tiecli.pairs import form_pairs, pairs_file, read_pairs_file
 from tiecli.run.layout import CHECKPOINT, CONFIG, GEOMETRY, SNAPSHOTS
 from tiecli.run.reader import RunReader

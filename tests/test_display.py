@@ -9,7 +9,7 @@ from conftest import TINY
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tiecli import display
+from tiecli import formats
 from tiecli.cli import app
 from tiecli.run.records import MetricsRow
 
@@ -31,7 +31,7 @@ def test_the_bar_fits_80_columns_with_step_total_and_eta_first():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=80)
     name = "micro-untied-bpe4096-shakespeare-s0-" + "x" * 90  # a name longer than the line
-    with display.TrainProgress(console, name, total=500, start=0, log_interval=10) as progress:
+    with formats.TrainProgress(console, name, total=500, start=0, log_interval=10) as progress:
         console.print(progress.bar.get_renderable())
         progress.advance(10)
         progress.log(row(10, loss=4.123))
@@ -56,8 +56,8 @@ def test_the_bar_says_compiling_shows_the_val_loss_and_its_eta_leaves_out_the_co
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=80)
     now = {"t": 0.0}
-    monkeypatch.setattr(display.time, "perf_counter", lambda: now["t"])
-    with display.TrainProgress(console, "r", total=500, start=0, log_interval=10, compiling=True) as progress:
+    monkeypatch.setattr(formats.time, "perf_counter", lambda: now["t"])
+    with formats.TrainProgress(console, "r", total=500, start=0, log_interval=10, compiling=True) as progress:
         progress.log(row(0, val=8.3408))  # step 0's evaluation comes before the first step
         line = rendered(progress)
         assert "compiling" in line and "val 8.341" in line and "ETA" not in line
@@ -89,8 +89,8 @@ def test_plain_lines_come_at_most_every_30_seconds_except_the_last(monkeypatch):
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=200)
     clock = iter([0.0, 1.0, 2.0, 40.0, 41.0])
-    monkeypatch.setattr(display.time, "perf_counter", lambda: next(clock))
-    with display.TrainProgress(console, "r", total=40, start=0, log_interval=10) as progress:
+    monkeypatch.setattr(formats.time, "perf_counter", lambda: next(clock))
+    with formats.TrainProgress(console, "r", total=40, start=0, log_interval=10) as progress:
         for step in (10, 20, 30, 40):
             progress.log(row(step, loss=1.0))
     steps = [line.split()[1] for line in out.getvalue().splitlines() if line.startswith("step ")]
@@ -111,7 +111,7 @@ def test_version_and_completion(monkeypatch):
 
 def test_a_log_says_when_the_first_step_waits_for_the_compile():
     out = io.StringIO()
-    with display.TrainProgress(Console(file=out, width=200), "r", 500, 0, 10, compiling=True):
+    with formats.TrainProgress(Console(file=out, width=200), "r", 500, 0, 10, compiling=True):
         pass
     assert "compiling the training step (torch.compile); the first step waits for it" in out.getvalue()
 

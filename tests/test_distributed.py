@@ -27,7 +27,7 @@ from tiecli.cli import app
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 from tiecli.config.schema import TrainConfig
-from tiecli.errors import ConfigError
+from tiecli.errors import ConfigError, Interrupted, TiecliError
 
 RUN = [
     "data=textfile",  # data.path: conftest's tiny.txt, by its absolute path (rank 1 runs in another folder)
@@ -473,3 +473,12 @@ def test_gpu_check_resume_row_passes_under_torchrun_on_cpu(tmp_path, monkeypatch
     assert row["ok"] and row["world_size"] == 1, row
     assert row["max_weight_diff"] == 0.0 and row["bitwise_equal"]  # on CPU the resume is exact
     assert (tmp_path / "02-resume-resumed.log").read_text().count("resuming 02-resume-resumed from step 20") == 1
+
+
+def test_a_rank_ended_by_a_stop_signal_is_interrupted_and_one_killed_is_not():
+    with pytest.raises(Interrupted) as stopped:
+        distributed.failed_ranks({1: -signal.SIGTERM}, 2)
+    assert stopped.value.exit_code == 130 and "rank 1 of 2 was ended by SIGTERM" in str(stopped.value)
+    with pytest.raises(TiecliError) as killed:
+        distributed.failed_ranks({0: -signal.SIGTERM, 1: -signal.SIGKILL}, 2)
+    assert not isinstance(killed.value, Interrupted) and killed.value.exit_code == 128 + signal.SIGKILL

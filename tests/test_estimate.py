@@ -89,7 +89,7 @@ def test_the_dry_run_lists_the_jobs_then_says_what_it_times_while_it_does(isolat
         seen.append((out.export_text(clear=False), err.export_text(clear=False)))
         return dryrun.Pace(step_s=0.5, eval_batch_s=0.1, steps=3, device="cpu", dtype="fp32")
 
-    monkeypatch.setattr(dryrun, "measure", measure)
+    monkeypatch.setattr(dryrun, "measure_pace", measure)
     options = dict(status=None, launcher="basic", jobs=None, gpus_per_job=None, config_dir=None)
     args = [*ANY_MODEL, "model=nano,micro", "seed=0,1"]
     sweep(args, name="est", runs_dir=Path("runs"), dry_run=True, estimate=True, console=out, err_console=err, **options)

@@ -5,9 +5,10 @@ import pytest
 import torch
 from conftest import conf, data_config
 
+from tiecli.config.schema import GPTConfig
 from tiecli.data import load_corpus
 from tiecli.evaluate import evaluate
-from tiecli.model import GPT, GPTConfig
+from tiecli.model import GPT
 
 
 @pytest.fixture(scope="module")

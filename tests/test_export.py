@@ -16,7 +16,8 @@ from tiecli import checkpoint, tokenizer
 from tiecli.cli import app
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
-from tiecli.model import GPT, TYING_MODES
+from tiecli.config.schema import TYING_MODES
+from tiecli.model import GPT
 from tiecli.run.files import atomic_write
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
 from tiecli.run.reader import RunReader

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from tiecli import diagnostics, head
+from tiecli.config.schema import TYING_MODES, GPTConfig
 from tiecli.head import linear_cross_entropy
-from tiecli.model import GPT, TYING_MODES, GPTConfig
+from tiecli.model import GPT
 
 V, C, T = 97, 32, 16
 SHARED = ["tied", "tied_bias", "scaled", "partial", "hybrid"]

@@ -77,7 +77,7 @@ def test_a_time_budget_of_zero_is_refused_in_one_line():
 
 
 def test_geometry_runs_without_tf32_even_when_training_enabled_it():
-    torch.backends.cuda.matmul.allow_tf32 = True  # what prepare() sets on CUDA
+    torch.backends.cuda.matmul.allow_tf32 = True  # what set_up() sets on CUDA
     try:
         assert torch.get_float32_matmul_precision() == "high"
         with runtime.full_fp32():
@@ -100,8 +100,9 @@ def test_a_collective_error_is_named_as_a_lost_peer_only_when_it_is_one():
 
 def test_evaluation_sums_by_bucket_without_bincount(monkeypatch):
     """The per-bucket sums come from index_add_: bincount sizes its output on the host, a GPU sync a batch."""
+    from tiecli.config.schema import GPTConfig
     from tiecli.data import load_corpus
-    from tiecli.model import GPT, GPTConfig
+    from tiecli.model import GPT
 
     def no_bincount(*args, **kwargs):
         raise AssertionError("torch.bincount called during evaluation")
@@ -117,7 +118,7 @@ def test_evaluation_sums_by_bucket_without_bincount(monkeypatch):
 
 
 def test_a_numbered_cuda_device_becomes_the_current_one(monkeypatch):
-    """device=cuda:N: prepare() makes it the current device too (kernels and NCCL that use the current one)."""
+    """device=cuda:N: set_up() makes it the current device too (kernels and NCCL that use the current one)."""
     set_to = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: set_to.append(d))
     from tiecli import prepare as preparing
@@ -129,7 +130,7 @@ def test_a_numbered_cuda_device_becomes_the_current_one(monkeypatch):
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         with pytest.raises(RuntimeError, match="stop here"):
-            preparing.prepare(cfg)
-    finally:  # prepare() turns TF32 on for CUDA: not for the tests that follow
+            preparing.set_up(cfg)
+    finally:  # set_up() turns TF32 on for CUDA: not for the tests that follow
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     assert set_to == [torch.device("cuda", 1)]

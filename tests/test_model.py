@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from tiecli.model import GPT, TYING_MODES, GPTConfig, KVCache, count_params
+from tiecli.config.schema import TYING_MODES, GPTConfig
+from tiecli.model import GPT, KVCache, count_params
 
 V, C, L, T = 97, 32, 2, 16
 

@@ -11,7 +11,8 @@ from test_train import GET_BATCH, interrupt_at_batch, metrics, setup
 
 from tiecli import diagnostics, optim, train
 from tiecli.checkpoint import load_embeddings
-from tiecli.model import GPT, GPTConfig
+from tiecli.config.schema import GPTConfig
+from tiecli.model import GPT
 from tiecli.run.layout import CHECKPOINT, INIT_CHECKPOINT, SNAPSHOTS
 from tiecli.run.reader import RunReader
 

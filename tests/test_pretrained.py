@@ -75,7 +75,7 @@ def test_gguf_tied_reads_the_token_matrix_and_vocabulary(tmp_path):
     entry = json.loads(result.output)
     # the same pass as for a run, over the V - 2 ordinary tokens, each counted once
     counts = np.r_[0, 0, np.ones(V - 2, dtype=np.int64)]
-    pairs, info = pretrained.form_pairs(model, None)
+    pairs, info = pretrained.model_pairs(model, None)
     expected = geometry.measure(W, W, counts, np.zeros(V, dtype=np.int64), pairs=pairs)
     assert entry["input"] == json.loads(json.dumps(expected["input"])) and entry["agreement"] is None
     assert entry["n_tokens"] == V - 2 and entry["input"]["norm_freq_spearman"] is None  # frequencies n/a
@@ -94,11 +94,11 @@ def test_gguf_untied_quantized_and_gemma_scaled(tmp_path):
     assert not model.tied and model.stored_as == "Q8_0"
     assert (model.w_in - W).abs().max() < 0.02 * W.abs().max()  # Q8_0: 8 bits per value
     assert torch.equal(model.w_out, W_out) and model.input_scale == math.sqrt(C)  # Gemma scales inputs by sqrt(C)
-    entry = pretrained.measure(model)
+    entry = pretrained.measure_model(model)
     assert entry["agreement"] is not None and entry["agreement"]["cka"] < 0.9  # two independent matrices
     # a file without a vocabulary: every row counts, and there are no related forms
     bare = pretrained.read(write_gguf(tmp_path / "bare.gguf", embd=W.numpy(), tokens=False))
-    assert not bare.left_out.any() and pretrained.measure(bare)["n_tokens"] == V
+    assert not bare.left_out.any() and pretrained.measure_model(bare)["n_tokens"] == V
 
 
 def test_gguf_bad_inputs_write_nothing(tmp_path):
@@ -170,7 +170,7 @@ def test_hf_untied_sharded_reads_only_the_token_matrices(tmp_path):
     model = pretrained.read(tmp_path / "llama")
     assert not model.tied and model.tokens == [None] * V  # no tokenizer file: no vocabulary
     assert torch.equal(model.w_out, hf.lm_head.weight.detach())
-    entry = pretrained.measure(model)
+    entry = pretrained.measure_model(model)
     assert entry["agreement"] is not None and entry["input"]["forms_n_pairs"] == 0
     assert entry["pairs"]["source"].startswith("none")
 

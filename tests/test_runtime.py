@@ -8,7 +8,7 @@ from conftest import TINY
 from tiecli import optim, runtime, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
-from tiecli.errors import ConfigError
+from tiecli.errors import ConfigError, Interrupted
 from tiecli.run.layout import CHECKPOINT, CONFIG
 from tiecli.run.reader import RunReader
 
@@ -82,7 +82,7 @@ def test_compiled_training_resumes_exactly_and_agrees_with_eager(tmp_path, monke
         return lr_at(step, c)
 
     monkeypatch.setattr(train, "lr_at", ctrl_c_during_step_5)
-    with pytest.raises(train.Interrupted, match="interrupted at step 5/12"):
+    with pytest.raises(Interrupted, match="interrupted at step 5/12"):
         train.train(cfg, tmp_path / "split", False, files)
     monkeypatch.setattr(train, "lr_at", lr_at)
     train.train(cfg, tmp_path / "split", True, files)

@@ -12,12 +12,13 @@ from helpers import one_line_error, tiecli
 from tiecli import checkpoint, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
+from tiecli.config.schema import TYING_MODES
 from tiecli.errors import TiecliError
-from tiecli.model import GPT, TYING_MODES
+from tiecli.model import GPT
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
 from tiecli.run.records import Summary
 from tiecli.run.writer import RunWriter
-from tiecli.sample import Options, draw, encode_prompt, pick, prepare, sample_run
+from tiecli.sample import Options, draw, encode_prompt, load_sampling, pick, sample_run
 
 
 def make_run(path: Path, *overrides: str, weights: bool = True):
@@ -155,7 +156,7 @@ def test_one_sample_streams_token_by_token_and_long_prompts_are_cut(tmp_path):
     c, _ = make_run(tmp_path / "run")
     o = options(num_samples=1, max_new_tokens=40, prompt="ROMEO:")
     chunks: list[str] = []
-    streamed = draw(prepare(tmp_path / "run", c, "latest", o), stream=chunks.append)
+    streamed = draw(load_sampling(tmp_path / "run", c, "latest", o), stream=chunks.append)
     assert len(chunks) >= 10 and "".join(chunks) == streamed.samples[0].text  # as drawn, and all of it
     assert streamed == sample_run(tmp_path / "run", c, "latest", o)  # streaming changes nothing drawn
 

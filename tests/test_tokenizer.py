@@ -10,6 +10,7 @@ import pytest
 import rustbpe
 
 from tiecli import tokenizer
+from tiecli.config import checks
 from tiecli.errors import ConfigError, TiecliError
 
 ASSET = Path(tokenizer.__file__).parent / "assets" / "shakespeare.jsonl.xz"
@@ -255,13 +256,13 @@ def test_bpe_invalid_sizes(size, tmp_path):
     with pytest.raises(ConfigError, match=r"^tokenizer\.vocab_size=.* is invalid: bpe "):
         tokenizer.bpe("some text", size, tmp_path)
     with pytest.raises(ConfigError):
-        tokenizer.vocab_size("bpe", size)
+        checks.vocab_size("bpe", size)
     assert not (tmp_path / "bpe").exists()
 
 
 def test_bpe_invalid_size_message():
     with pytest.raises(ConfigError) as err:
-        tokenizer.vocab_size("bpe", 100)
+        checks.vocab_size("bpe", 100)
     assert str(err.value) == "tokenizer.vocab_size=100 is invalid: bpe needs more than 256 (the byte tokens)"
 
 
@@ -328,14 +329,14 @@ def test_fingerprint(all_encodings):
 
 
 def test_vocab_size_from_config():
-    assert tokenizer.vocab_size("gpt2", None) == 50257
-    assert tokenizer.vocab_size("gpt2", 50257) == 50257
-    assert tokenizer.vocab_size("bytes", 256) == 256
-    assert tokenizer.vocab_size("bpe", 4096) == 4096
+    assert checks.vocab_size("gpt2", None) == 50257
+    assert checks.vocab_size("gpt2", 50257) == 50257
+    assert checks.vocab_size("bytes", 256) == 256
+    assert checks.vocab_size("bpe", 4096) == 4096
     with pytest.raises(ConfigError, match="gpt2 has exactly 50257 tokens"):
-        tokenizer.vocab_size("gpt2", 4096)
+        checks.vocab_size("gpt2", 4096)
     with pytest.raises(ConfigError, match="gpt2, bpe, bytes"):
-        tokenizer.vocab_size("sentencepiece", 4096)
+        checks.vocab_size("sentencepiece", 4096)
 
 
 def test_build_dispatches(train_text, tmp_path):

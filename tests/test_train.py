@@ -8,7 +8,7 @@ from conftest import TINY
 from tiecli import optim, prepare, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
-from tiecli.errors import TiecliError
+from tiecli.errors import Interrupted, TiecliError
 from tiecli.run.layout import CHECKPOINT, CONFIG, INIT_CHECKPOINT, METRICS, OVERRIDES
 from tiecli.run.reader import RunReader
 
@@ -77,7 +77,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
 
     # during step 5, between checkpoints: the draws of step 6, which step 5 prefetches
     interrupt_at_batch(monkeypatch, 6 * cfg.train.grad_accum)
-    with pytest.raises(train.Interrupted, match="interrupted at step 5/12"):
+    with pytest.raises(Interrupted, match="interrupted at step 5/12"):
         train.train(cfg, tmp_path / "split", False, files)
     stopped = RunReader(tmp_path / "split").summary()
     assert stopped.status == "interrupted" and stopped.step == 5
@@ -108,7 +108,7 @@ def test_stop_before_the_first_step_checkpoints_and_resumes_cleanly(tmp_path, mo
         return EVALUATE(*args, **kwargs)
 
     monkeypatch.setattr(train, "evaluate", evaluate_then_ctrl_c)
-    with pytest.raises(train.Interrupted, match="interrupted at step 0/12"):
+    with pytest.raises(Interrupted, match="interrupted at step 0/12"):
         train.train(cfg, tmp_path / "run", False, files)
     assert (tmp_path / "run" / CHECKPOINT).is_file()
     monkeypatch.setattr(train, "evaluate", EVALUATE)
@@ -122,7 +122,7 @@ def test_resume_refuses_changed_data(tmp_path, monkeypatch):
     text.write_text("".join(f"line {i} of some notes about nothing much\n" for i in range(3000)))
     cfg, files = setup("data=textfile", f"data.path={text}")
     interrupt_at_batch(monkeypatch, 2)
-    with pytest.raises(train.Interrupted):
+    with pytest.raises(Interrupted):
         train.train(cfg, tmp_path / "run", False, files)
     monkeypatch.setattr("tiecli.prepare.get_batch", GET_BATCH)
     text.write_text(text.read_text() + "a new line that changes the corpus\n")

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from tiecli.errors import ConfigError
+
 Overrides = Annotated[
     list[str] | None,
     typer.Argument(
@@ -263,3 +265,9 @@ ReportBaseline = Annotated[
 ReportOut = Annotated[
     Path | None, typer.Option(help="Output folder (default: report/ inside the one sweep given, else ./report)")
 ]
+
+
+def check_step_option(step: str) -> None:
+    """--step: latest or a whole number of steps (a usage error otherwise, exit 2)."""
+    if step != "latest" and not step.isdigit():
+        raise ConfigError(f"--step {step!r} must be latest or a step number (e.g. --step 500)")

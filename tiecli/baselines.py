@@ -55,12 +55,12 @@ def of_corpus(corpus: Corpus) -> dict:
     path = cache_dir() / "baselines" / f"{corpus.key}.json"
     if path.is_file():
         return json.loads(path.read_text())
-    scores = measure(corpus)
+    scores = score_corpus(corpus)
     atomic_write(path, json.dumps(scores, indent=1))
     return scores
 
 
-def measure(corpus: Corpus) -> dict:
+def score_corpus(corpus: Corpus) -> dict:
     V = corpus.encoding.n_vocab
     train, val = corpus.tokens["train"][:MAX_TOKENS], corpus.tokens["val"]
     n_bytes = int(corpus.token_bytes[val[1:]].sum())

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from tiecli import arguments as opt
 from tiecli import display
-from tiecli.errors import ConfigError, TiecliError
+from tiecli.errors import AlreadyComplete, ConfigError, Interrupted, TiecliError
 from tiecli.run.reader import RunReader
 
 app = typer.Typer(
@@ -37,10 +37,12 @@ def user_errors():
     """A TiecliError, or an error of the operating system, becomes one line on stderr and an exit code; no traceback."""
     try:
         yield
+    except AlreadyComplete as e:
+        console.print(str(e), highlight=False, markup=False, soft_wrap=True)
+    except Interrupted as e:  # stopped on request (Ctrl-C, SIGTERM): what happened, not an error
+        err_console.print(escape(str(e)), highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
     except TiecliError as e:
-        if e.exit_code == 130:  # stopped on request (Ctrl-C, SIGTERM): what happened, not an error
-            err_console.print(escape(str(e)), highlight=False, soft_wrap=True)
-            raise typer.Exit(130) from None
         fail(str(e), e.exit_code)
     except OSError as e:  # disk full, read-only folder, a name too long, a file where a folder should be
         where = f": {e.filename}" if e.filename else ""
@@ -80,8 +82,8 @@ def main(
     """
 
 
-@app.command()
-def train(
+@app.command("train")
+def train_and_show(
     overrides: opt.Overrides = None,
     name: opt.TrainName = None,
     resume: opt.Resume = False,
@@ -101,7 +103,7 @@ def train(
         runs_dir, name = launch.run_place(overrides, resume, runs_dir, name, multirun)
         if nproc is not None and not distributed.launched():  # check everything once, then start the ranks
             raise typer.Exit(launch.start_ranks(overrides, runs_dir, name, resume, config_dir, nproc))
-        trained = launch.train(overrides, runs_dir, name, resume, config_dir, nproc)
+        trained = launch.plan_and_train(overrides, runs_dir, name, resume, config_dir, nproc)
         if trained is not None:  # rank 0 reports
             show_trained(*trained)
 
@@ -114,10 +116,10 @@ def show_trained(path: Path, summary, run_config) -> None:
         console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
     console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
     if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
-        from tiecli.sample import DEFAULT_PROMPT, Options, prepare, stream_sample
+        from tiecli.sample import DEFAULT_PROMPT, Options, load_sampling, stream_sample
 
         n = run_config.train.sample_tokens
-        sampling = prepare(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))
+        sampling = load_sampling(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))
         stream_sample(sampling, console, err_console)
 
 
@@ -133,11 +135,9 @@ def eval_(
     Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
     """
     with user_errors():
-        from tiecli.evaluate import evaluate_run
-        from tiecli.sample import check_step
+        from tiecli.launch import evaluate_run, find_run, load_run_config
 
-        check_step(step)
-        from tiecli.launch import find_run, load_run_config
+        opt.check_step_option(step)
 
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
@@ -200,12 +200,10 @@ def geometry(
             show_pretrained(Path(model), pairs, out, as_json)
             return
         assert run is not None  # check_geometry_args: a RUN or --model
-        from tiecli.launch import find_run, load_run_config
+        from tiecli.launch import find_run, geometry_of_run, load_run_config
 
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
-        from tiecli.diagnostics import geometry_of_run
-
         entry = geometry_of_run(run, run_config, step, str(pairs) if pairs else None, write)
         if as_json:
             print(json.dumps(entry.to_dict(), indent=2))
@@ -238,7 +236,7 @@ def show_pretrained(model: Path, pairs: Path | None, out: Path | None, as_json: 
         return
     for line in pretrained.summary_lines(measured):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(pretrained.table(measured))
+    console.print(display.pretrained_table(measured, pretrained.label(measured)))
     if out is not None:
         console.print(f"written: {out / pretrained.PRETRAINED_FILE}", highlight=False, soft_wrap=True)
 
@@ -295,16 +293,16 @@ def sample(
     """
     with user_errors():
         from tiecli.launch import find_run, load_run_config
-        from tiecli.sample import Options, check_step, prepare, read_prompt, sample_run, show_samples, stream_sample
+        from tiecli.sample import Options, load_sampling, read_prompt, sample_run, show_samples, stream_sample
 
         options = Options(
             read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed
         )
         options.check()
-        check_step(step)
+        opt.check_step_option(step)
         chosen = [find_run(r, runs_dir) for r in [run, *([compare] if compare else [])]]
         if not as_json and len(chosen) == 1 and num_samples == 1:  # one text: printed as it is drawn
-            stream_sample(prepare(chosen[0], load_run_config(chosen[0]), step, options), console, err_console)
+            stream_sample(load_sampling(chosen[0], load_run_config(chosen[0]), step, options), console, err_console)
             return
         results = [sample_run(r, load_run_config(r), step, options) for r in chosen]
         if as_json:

@@ -57,20 +57,13 @@ by default) or English suffix rules.
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from tiecli import checkpoint, distributed, geometry, trackers
-from tiecli.config.schema import Config
-from tiecli.data import BUCKETS, load_corpus
-from tiecli.errors import TiecliError
+from tiecli import geometry
+from tiecli.data import BUCKETS
 from tiecli.model import Embeddings
-from tiecli.pairs import form_pairs
-from tiecli.run.layout import INIT_CHECKPOINT, SNAPSHOTS
-from tiecli.run.reader import RunReader
-from tiecli.run.records import GeometryEntry, parse_record
 
 
 def gradient_paths(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,21 +75,6 @@ def gradient_paths(emb: Embeddings) -> tuple[torch.Tensor, torch.Tensor]:
     g_in, g_out = emb.wte.grad, emb.lm_head.grad
     assert g_in is not None and g_out is not None  # called after a backward pass, which sets both
     return g_in, g_out
-
-
-def across_ranks(
-    emb: Embeddings, g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """gradient_paths and the input tokens of the global batch, from each rank's own (the identity in one process).
-
-    Under DDP a shared matrix's split holds each rank's own micro-batches' gradients: they are
-    averaged over the ranks in place, as DDP averages W.grad, and present is OR-ed, so the statistics
-    are those of one process on the whole batch. An untied model's wte.grad and lm_head.grad are
-    W.grad itself, which DDP has already averaged.
-    """
-    if emb.shared:
-        g_in, g_out = distributed.mean_(g_in), distributed.mean_(g_out)
-    return g_in, g_out, distributed.any_(present)
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float | None:
@@ -313,39 +291,3 @@ def row_sample(emb: Embeddings, counts: np.ndarray) -> tuple[np.ndarray, np.ndar
         return w.detach()[rows].float().cpu().numpy()
 
     return ids, sample(emb.input_matrix()), None if emb.one_matrix else sample(emb.output_matrix())
-
-
-def geometry_of_run(run_dir: Path, config: Config, step: str, pairs_path: str | None, write: bool) -> GeometryEntry:
-    """Recompute the geometry entry of a run at `step` (latest, init or a snapshot's step number).
-
-    With write, the entry goes into geometry.json under the run's lock, so a running trainer's entries are never lost,
-    and at `latest` the row sample into rows.npz (a run trained before either keeps them from then on).
-    """
-    reader, name = RunReader(run_dir), run_dir.name
-    init = checkpoint.load_embeddings(run_dir / INIT_CHECKPOINT, config.model, name)
-    if step == "latest":
-        ckpt = checkpoint.load_last(run_dir)
-        emb, number = checkpoint.embeddings_of(ckpt, config.model, name), ckpt["state"]["step"]
-    elif step == "init":
-        emb, number = init, 0
-    else:
-        saved = reader.snapshot_steps()
-        if not step.isdigit() or int(step) not in saved:
-            choices = ", ".join(["latest", "init", *map(str, saved)])
-            raise TiecliError(
-                f"--step {step!r} has no saved token matrices in {str(run_dir)!r}; choose one of {choices}"
-            )
-        number = int(step)
-        emb = checkpoint.load_embeddings(run_dir / SNAPSHOTS / f"step_{number}.pt", config.model, name)
-    corpus = load_corpus(config.data, config.tokenizer)
-    reader.check_corpus(corpus.key)
-    pairs, pairs_info = form_pairs(corpus.encoding, pairs_path or config.diag.pairs)
-    buckets = corpus.buckets(config.eval.buckets)
-    measured = embedding_geometry(emb, init, corpus.counts, buckets, pairs, pairs_info, config.diag.seed)
-    entry = parse_record(GeometryEntry, {"step": number, **measured}, "a geometry entry")
-    if write:
-        with trackers.open_run(run_dir) as run:
-            run.geometry(entry)
-            if step == "latest":  # rows.npz holds the last step's rows, never an earlier step's
-                run.row_sample(number, *row_sample(emb, corpus.counts))
-    return entry

@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 from tiecli.config.schema import TrainConfig
-from tiecli.errors import ConfigError, TiecliError
+from tiecli.errors import ConfigError, Interrupted, TiecliError
+from tiecli.model import Embeddings
 from tiecli.runtime import affinity
 
 # How long a rank waits in a collective before giving up: long enough for rank 0's final
@@ -139,10 +140,8 @@ def stop_with_launcher() -> None:
     threading.Thread(target=watch, name="tiecli-launcher-watch", daemon=True).start()
 
 
-def stopped_while_starting() -> TiecliError:
-    error = TiecliError("interrupted before the run started; nothing was written")
-    error.exit_code = 130
-    return error
+def stopped_while_starting() -> Interrupted:
+    return Interrupted("interrupted before the run started; nothing was written")
 
 
 def failed_ranks(codes: dict[int, int], nproc: int) -> int:
@@ -168,11 +167,14 @@ def killed_by_signal(rank: int, nproc: int, signum: int) -> TiecliError:
     Exit code 130 for a stop signal, as for any interrupted run; else 128 + the signal's number."""
     name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
     why = "kill -9 or the out-of-memory killer" if signum == signal.SIGKILL else "before it could catch it"
-    error = TiecliError(
+    line = (
         f"rank {rank} of {nproc} was ended by {name} ({why}); what the run had saved is kept: "
         "run the same command again, with --resume if the run exists"
     )
-    error.exit_code = 130 if signum in STOP_SIGNALS else 128 + signum
+    if signum in STOP_SIGNALS:
+        return Interrupted(line)
+    error = TiecliError(line)
+    error.exit_code = 128 + signum
     return error
 
 
@@ -386,6 +388,21 @@ def any_(mask: torch.Tensor) -> torch.Tensor:
     counts = mask.to(torch.int32)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
     return counts > 0
+
+
+def across_ranks(
+    emb: Embeddings, g_in: torch.Tensor, g_out: torch.Tensor, present: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """diagnostics.gradient_paths and the input tokens of the global batch, from each rank's own (the identity in one process).
+
+    Under DDP a shared matrix's split holds each rank's own micro-batches' gradients: they are
+    averaged over the ranks in place, as DDP averages W.grad, and present is OR-ed, so the statistics
+    are those of one process on the whole batch. An untied model's wte.grad and lm_head.grad are
+    W.grad itself, which DDP has already averaged.
+    """
+    if emb.shared:
+        g_in, g_out = mean_(g_in), mean_(g_out)
+    return g_in, g_out, any_(present)
 
 
 def any_rank(flag: bool) -> bool:

@@ -4,20 +4,14 @@
 import contextlib
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from tiecli import checkpoint, trackers
 from tiecli.batches import eval_windows
-from tiecli.config.schema import Config
-from tiecli.data import BUCKETS, Corpus, load_corpus
+from tiecli.data import BUCKETS, Corpus
 from tiecli.model import GPT
-from tiecli.run.reader import RunReader
-from tiecli.run.records import EvalResult
-from tiecli.runtime import autocast_for, pick_device, pick_dtype
 
 TRAIN_EVAL_FACTOR = (
     4  # the training split's whole-split evaluation covers at most this many times the validation split's windows
@@ -197,31 +191,3 @@ def _metrics(split: str, bucket_nll: list[float], bucket_count: list[float], n_b
         "n_bytes": int(n_bytes),
         "by_bucket": by_bucket,
     }
-
-
-def evaluate_run(run_dir: Path, config: Config, split: str, step: str = "latest") -> EvalResult:
-    """Reload a run's checkpoint and evaluate a whole split (or final_windows' subset).
-
-    step: latest (last.pt), recorded in eval.json; or a step with full weights (last.pt's, or one that
-    train.keep_checkpoints kept), only returned: eval.json keeps the latest checkpoint's, which `report` reads.
-    """
-    if step != "latest":
-        return _evaluate(RunReader(run_dir), config, split, step)
-    with trackers.open_run(run_dir) as run:
-        result = _evaluate(run.reader, config, split, step)
-        run.eval(result)
-    return result
-
-
-def _evaluate(reader: RunReader, config: Config, split: str, step: str) -> EvalResult:
-    device = pick_device(config.device)
-    corpus = load_corpus(config.data, config.tokenizer)
-    reader.check_corpus(corpus.key)
-    model, ckpt = checkpoint.load_model(reader.full_checkpoint(step), config.model, reader.name)
-    checkpoint.check_step(ckpt, step, reader.kept_steps(), reader.name)
-    autocast = autocast_for(device, pick_dtype(config.dtype, device))
-    windows = final_windows(corpus, split, config.model.block_size, config.eval.max_tokens)
-    metrics = evaluate(
-        model.to(device), corpus, split, corpus.buckets(config.eval.buckets), device, autocast, windows=windows
-    )
-    return EvalResult(step=ckpt["state"]["step"], **metrics)

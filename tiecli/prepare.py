@@ -39,7 +39,7 @@ class Setup:
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaling; None under bf16 and fp32
 
 
-def prepare(config: Config) -> Setup:
+def set_up(config: Config) -> Setup:
     """Data, model and optimizer; checks the data fits the model before any file is written."""
     device = distributed.device(pick_device(config.device))
     dtype = pick_dtype(config.dtype, device)

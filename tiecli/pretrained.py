@@ -316,7 +316,7 @@ def read_hf(folder: Path) -> Pretrained:
 # the geometry pass
 
 
-def form_pairs(model: Pretrained, pairs_path: Path | None) -> tuple[list[tuple[int, int]], dict]:
+def model_pairs(model: Pretrained, pairs_path: Path | None) -> tuple[list[tuple[int, int]], dict]:
     """Related-form pairs: from a pairs file (each word looked up as one vocabulary token), else the shipped
     English pairs, as a run's default diag.pairs=en; none without a vocabulary."""
     if not any(model.tokens):
@@ -330,10 +330,10 @@ def form_pairs(model: Pretrained, pairs_path: Path | None) -> tuple[list[tuple[i
     return pairs, {"source": source, "found": len(pairs), "skipped_lines": skipped}
 
 
-def measure(model: Pretrained, pairs_path: Path | None = None, seed: int = 0) -> dict:
+def measure_model(model: Pretrained, pairs_path: Path | None = None, seed: int = 0) -> dict:
     """The geometry entry of a pretrained model: geometry.measure() over its ordinary tokens, each counted once."""
     counts = (~model.left_out).astype(np.int64)  # (V,) frequencies unknown: every ordinary token once
-    pairs, pairs_info = form_pairs(model, pairs_path)
+    pairs, pairs_info = model_pairs(model, pairs_path)
     start = time.perf_counter()
     measured = geometry.measure(model.w_in, model.w_out, counts, np.zeros_like(counts), pairs=pairs, seed=seed)
     V, C = model.w_in.shape
@@ -386,17 +386,8 @@ def geometry_of_model(path: Path, pairs_path: Path | None, out: Path | None) -> 
     start = time.perf_counter()
     model = read(path)
     read_s = time.perf_counter() - start
-    entry = measure(model, pairs_path)
+    entry = measure_model(model, pairs_path)
     entry["model"]["read_s"] = round(read_s, 2)
     if out is not None:
         write(out, entry)
     return entry
-
-
-def table(entry: dict):
-    """The entry as display.geometry_table shows a run's, titled for a pretrained model."""
-    from tiecli import display
-
-    t = display.geometry_table(entry, label(entry))
-    t.title = f"{label(entry)}: geometry of {entry['n_tokens']:,} tokens (control and unused tokens left out)"
-    return t

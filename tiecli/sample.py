@@ -87,12 +87,6 @@ class Samples:
         return asdict(self)
 
 
-def check_step(step: str) -> None:
-    """--step: latest or a whole number of steps (a usage error otherwise, exit 2)."""
-    if step != "latest" and not step.isdigit():
-        raise ConfigError(f"--step {step!r} must be latest or a step number (e.g. --step 500)")
-
-
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     """--prompt or --prompt-file (UTF-8), not both; the default is a newline."""
     if prompt is not None and prompt_file is not None:
@@ -250,11 +244,10 @@ class Sampling:
     header: Samples  # run, step, prompt and options, with no samples yet
 
 
-def prepare(run_dir: Path, config: Config, step: str, o: Options) -> Sampling:
+def load_sampling(run_dir: Path, config: Config, step: str, o: Options) -> Sampling:
     """Check the options, load the run's checkpoint and encode the prompt; options the model cannot
     honour are clamped, with a note in header.notes."""
-    o.check()
-    check_step(step)
+    o.check()  # --step: the CLI checked it (arguments.check_step_option)
     o, notes = clamp(o, config.model.vocab_size)
     model, encoding, saved = load(run_dir, config, step)
     prompt_ids = encode_prompt(encoding, o.prompt, config.model.vocab_size)
@@ -282,7 +275,7 @@ def draw(s: Sampling, stream: Callable[[str], None] | None = None) -> Samples:
 
 def sample_run(run_dir: Path, config: Config, step: str, o: Options) -> Samples:
     """`tiecli sample RUN`: o.num_samples continuations of o.prompt from the run's checkpoint."""
-    return draw(prepare(run_dir, config, step, o))
+    return draw(load_sampling(run_dir, config, step, o))
 
 
 PROMPT_SHOWN = 200  # a longer prompt is echoed before its continuation by its last this many characters

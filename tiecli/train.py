@@ -15,24 +15,18 @@ from rich.console import Console
 
 from tiecli import cancellation, checkpoint, diagnostics, distributed
 from tiecli.config.schema import Config
-from tiecli.display import TrainProgress
-from tiecli.errors import TiecliError
+from tiecli.errors import Interrupted, TiecliError
 from tiecli.evaluate import budget_tokens, evaluate, expected_line, final_windows
+from tiecli.formats import TrainProgress
 from tiecli.model import Embeddings
 from tiecli.optim import lr_at, untie, untie_step
-from tiecli.prepare import Setup, prepare
+from tiecli.prepare import Setup, set_up
 from tiecli.run.files import now
 from tiecli.run.layout import INIT_CHECKPOINT, SNAPSHOTS
 from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary, parse_record
 from tiecli.run.writer import RunWriter
 from tiecli.runstate import TrainState, finish, mean_loss, open_on_ranks, run_threads, save_checkpoint
 from tiecli.runtime import full_fp32, peak_memory, synchronize
-
-
-class Interrupted(TiecliError):
-    """The run stopped on Ctrl-C/SIGTERM after saving a checkpoint."""
-
-    exit_code = 130
 
 
 class StopFlag:
@@ -82,7 +76,7 @@ def train(
     console = console or Console(stderr=True, quiet=not distributed.is_rank0())
     with StopFlag() as stop:
         threads = run_threads(config, run_dir, resume)
-        s = prepare(config)
+        s = set_up(config)
         if distributed.any_rank(stop.requested):  # every rank stops here, so rank 0 alone says so
             raise Interrupted("interrupted before the run started; nothing was written")
         run, state, resumed = open_on_ranks(s, run_dir, resume, files)
@@ -262,7 +256,7 @@ def grad_stats(
     if present is None:
         return {}
     emb = s.model.emb
-    g_in, g_out, present = diagnostics.across_ranks(emb, *diagnostics.gradient_paths(emb), present)
+    g_in, g_out, present = distributed.across_ranks(emb, *diagnostics.gradient_paths(emb), present)
     if s.scaler:  # fp16: the gradients are still multiplied by the loss scale
         g_in, g_out = g_in / s.scaler.get_scale(), g_out / s.scaler.get_scale()
     stats = diagnostics.interference(g_in, g_out, present, buckets, seed=s.config.diag.seed, step=step)

@@ -13,17 +13,18 @@ import typing
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tiecli import tokenizer
 from tiecli.config.messages import message
-from tiecli.config.schema import Composed, Config, DataConfig, LauncherConfig, Settings, TrainConfig
+from tiecli.config.schema import Composed, Config, DataConfig, GPTConfig, LauncherConfig, Settings, TrainConfig
 from tiecli.errors import ConfigError
-from tiecli.model import GPTConfig
 
 WANDB_MODES = ("offline", "online", "disabled")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 COMPILE = ("auto", "true", "false")
 DATA_SPLITS = ("document", "block")
+TOKENIZERS = ("gpt2", "bpe", "bytes")
+GPT2_N_VOCAB = 50257
+BPE_MAX_VOCAB = 2**20
 SEED_LIMIT = 2**63  # torch.manual_seed takes 64 bits, read as signed or unsigned; [0, 2**63) fits both
 
 
@@ -62,14 +63,37 @@ def _check_finite(node: typing.Any, prefix: str = "") -> None:
             raise ConfigError(f"{key}={value} must be finite (not inf or nan)")
 
 
+def vocab_size(name: str, size: int | None) -> int:
+    """The vocabulary size that tokenizer.name and tokenizer.vocab_size imply, building nothing."""
+    fixed = {"gpt2": GPT2_N_VOCAB, "bytes": 256}
+    if name == "bpe":
+        check_bpe_size(size)
+        assert size is not None  # check_bpe_size raises unless it is an int
+        return size
+    if name not in fixed:
+        raise ConfigError(f"tokenizer.name={name!r} is invalid: choose one of {', '.join(TOKENIZERS)}")
+    # The configs state the fixed sizes too, so an override that disagrees is a mistake.
+    if size is not None and size != fixed[name]:
+        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: {name} has exactly {fixed[name]} tokens")
+    return fixed[name]
+
+
+def check_bpe_size(size) -> None:
+    """Refuse a bpe vocabulary size that is not an integer past the 256 byte tokens, or past BPE_MAX_VOCAB."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ConfigError(f"tokenizer.vocab_size={size!r} is invalid: bpe needs an integer")
+    if size <= 256:
+        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: bpe needs more than 256 (the byte tokens)")
+    if size > BPE_MAX_VOCAB:
+        raise ConfigError(f"tokenizer.vocab_size={size} is invalid: bpe allows at most {BPE_MAX_VOCAB}")
+
+
 def _gpt_config(composed: Composed) -> GPTConfig:
-    vocab_size = tokenizer.vocab_size(composed.tokenizer.name, composed.tokenizer.vocab_size)
+    n_vocab = vocab_size(composed.tokenizer.name, composed.tokenizer.vocab_size)
     # conf/ gives each mode only its own settings; GPTConfig's stand-ins fill the other modes' (None here).
     tying = {k: v for k, v in dataclasses.asdict(composed.tying).items() if k != "mode" and v is not None}
     try:
-        return GPTConfig(
-            vocab_size=vocab_size, tying=composed.tying.mode, **dataclasses.asdict(composed.model), **tying
-        )
+        return GPTConfig(vocab_size=n_vocab, tying=composed.tying.mode, **dataclasses.asdict(composed.model), **tying)
     except ValueError as e:
         raise ConfigError(f"invalid model or tying settings: {e}") from None
 

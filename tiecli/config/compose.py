@@ -7,6 +7,7 @@ everything downstream gets a `Config` (tiecli.config.checks.to_config).
 """
 
 import contextlib
+import copy
 import shutil
 import tempfile
 import typing
@@ -27,7 +28,7 @@ from tiecli.config.messages import message, type_words, unknown_key
 from tiecli.config.readers import check_read
 from tiecli.config.schema import GROUPS, LIST_GROUPS, Config, LauncherConfig
 from tiecli.errors import ConfigError, TiecliError
-from tiecli.run.records import ADDED
+from tiecli.run.records import ADDED, flatten
 
 # A key given without its alternative replaces the alternative's default (conf/config.yaml's scale
 # with the run): train.warmup_steps=20 alone means 20 warmup steps, not train.warmup_fraction's.
@@ -241,6 +242,62 @@ def recompose(stored: dict, choices: dict[str, str]) -> DictConfig:
         if OmegaConf.select(OmegaConf.create(stored), key, default="__absent__") == "__absent__":
             OmegaConf.update(defaults, key, old)
     return typing.cast(DictConfig, OmegaConf.merge(defaults, stored))
+
+
+# --- `tiecli train --resume`: a resumed run trains with its own config.yaml; overrides may only extend it. ---
+# Retyping the overrides is never needed. They may change the keys that do not alter what was already trained
+# (EXTENDABLE, and every diag.* key); any other key or group must keep its value. Extending train.max_steps or
+# train.max_tokens recomputes the cosine schedule over the new total: from the resume step on, the learning rate
+# is the new schedule's.
+
+EXTENDABLE = (
+    "train.max_steps",
+    "train.max_tokens",
+    "train.keep_checkpoints",  # how many past checkpoints stay on disk: nothing the run trains on
+    "train.eval_interval",
+    "train.evals",
+    "train.eval_batches",
+    "train.log_interval",
+    "train.checkpoint_interval",
+    "train.checkpoints",
+    "eval.test",
+)
+EXTENDABLE_PREFIXES = ("diag.",)
+
+
+def fixed_changes(old: dict, new: dict) -> list[str]:
+    """The flattened keys whose value differs between two configs and that --resume may not change."""
+    changed = sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+    return [key for key in changed if key not in EXTENDABLE and not key.startswith(EXTENDABLE_PREFIXES)]
+
+
+def resume_config(stored: DictConfig, choices: dict[str, str], overrides: list[str]) -> DictConfig:
+    """The stored config with the overrides applied; ConfigError naming the first key they may not change."""
+    cfg = copy.deepcopy(stored)
+    parsed = parse_overrides(overrides)
+    check_unique(parsed, "on the command line")  # as for a new run: the last of two values never wins in silence
+    for o in parsed:
+        key = o.key_or_group
+        if key in GROUPS:
+            if str(o.value()) != choices.get(key):
+                raise ConfigError(
+                    f"this run was trained with {key}={choices.get(key)}; --resume cannot change it "
+                    "(start a new run with another --name)"
+                )
+            continue
+        if OmegaConf.select(cfg, key, default="__absent__") == "__absent__":
+            raise ConfigError(f"unknown config key {key!r} in this run's config.yaml")
+        OmegaConf.update(cfg, key, o.value(), merge=False)
+    old = flatten(typing.cast(dict, OmegaConf.to_container(stored, resolve=True)))
+    new = flatten(typing.cast(dict, OmegaConf.to_container(cfg, resolve=True)))
+    changed = fixed_changes(old, new)
+    if changed:
+        key = changed[0]
+        raise ConfigError(
+            f"{key} was {old.get(key)!r} in this run; --resume may only change "
+            f"{', '.join(EXTENDABLE)} and diag.* keys (start a new run with another --name)"
+        )
+    return cfg
 
 
 def compose_launcher(name: str, overrides: list[str], config_dir: Path | None = None) -> LauncherConfig:

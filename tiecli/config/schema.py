@@ -2,12 +2,11 @@
 
 The dataclasses carry no defaults: conf/ holds every default value (docs/configuration.md, "Where
 defaults live"); here each key only gets its type. `Composed` is the composed config's shape,
-`Config` what the rest of tiecli gets, `LauncherConfig` one conf/launcher/*.yaml.
+`Config` what the rest of tiecli gets, `GPTConfig` the model's part of it (whose stand-ins for the
+settings of other tying modes are its only defaults), `LauncherConfig` one conf/launcher/*.yaml.
 """
 
 from dataclasses import dataclass
-
-from tiecli.model import GPTConfig
 
 GROUPS = ("model", "tying", "data", "tokenizer", "logger")
 LIST_GROUPS = ("logger",)  # groups of which one picks several files at once (logger=[tensorboard,wandb]), or none
@@ -154,6 +153,63 @@ class Composed(Settings):
 
     model: ModelShape
     tying: TyingSettings
+
+
+TYING_MODES = ("untied", "tied", "tied_bias", "scaled", "partial", "hybrid", "untied_init", "tied_then_untied")
+
+
+@dataclass
+class GPTConfig:
+    """The model's shape and tying mode.
+
+    The sizes have no defaults: conf/ holds them, and tiecli/config/checks.py fills every field from there;
+    tiecli/model.py builds the GPT from it.
+    The rest default to nanoGPT's choices (no dropout, biases, tied) and, for the settings that only
+    some modes have, to stand-ins for the other modes (conf/ gives each mode only its own settings).
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float = 0.0
+    bias: bool = True  # biases in Linears and LayerNorms, as GPT-2
+    tying: str = "tied"  # one of TYING_MODES
+    scale_logits: bool = False  # scaled: logits * n_embd**-0.5 (T5)
+    scale_inputs: bool = False  # scaled: input embeddings * n_embd**0.5 (Gemma)
+    shared_fraction: float = 0.5  # partial: fraction of the n_embd dimensions both sides share
+    rank: int = 16  # hybrid: rank of the output matrix's independent part
+    untie_at: float = 2 / 3  # tied_then_untied: the fraction of the steps after which the one matrix becomes two
+    embedding_std: float | None = None  # untied, tied_then_untied: the input embedding's init std (None: GPT-2's)
+    output_std: float | None = None  # untied: the output matrix's init std, 0 for zeros (None: GPT-2's)
+    embedding_norm: bool = False  # RMS-normalise token + position embeddings before the first block
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):  # first: n_head=0 would divide by zero
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.tying not in TYING_MODES:
+            raise ValueError(f"tying mode {self.tying!r} is not one of {', '.join(TYING_MODES)}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} is not in [0, 1)")
+        # Only the mode that uses a setting checks it: the stand-in rank=16 must not refuse a tied model 8 wide.
+        if self.tying == "partial" and not 0.0 <= self.shared_fraction <= 1.0:
+            raise ValueError(f"shared_fraction={self.shared_fraction} is not in [0, 1]")
+        if self.tying == "hybrid" and not 1 <= self.rank <= self.n_embd:
+            raise ValueError(f"rank={self.rank} is not in [1, n_embd={self.n_embd}]")
+        if self.tying == "tied_then_untied" and not 0.0 <= self.untie_at <= 1.0:
+            raise ValueError(f"untie_at={self.untie_at} is not in [0, 1] (a fraction of the steps)")
+        for name in ("embedding_std", "output_std"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (0: zeros; null: GPT-2's 0.02)")
+
+    @property
+    def n_shared(self) -> int:
+        """partial: how many embedding dimensions input and output share."""
+        return round(self.shared_fraction * self.n_embd)
 
 
 @dataclass

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from tiecli.display import num as _num
 from tiecli.errors import TiecliError
+from tiecli.formats import num as _num
 from tiecli.report.load import find_run_dirs, reason
 from tiecli.run.files import FormatError
 from tiecli.run.reader import RunReader

@@ -3,7 +3,7 @@
 (C2/C7), generalisation gap, the test split, and the groups --select left out. Each table is built
 only when some group has its data."""
 
-from tiecli.display import num as _num
+from tiecli.formats import num as _num
 from tiecli.report.compare import Comparison, EqualParams
 from tiecli.report.groups import Group, NotSelected
 from tiecli.report.render import TableSpec

@@ -7,7 +7,7 @@ rules (rule_tables.py) before the claims table."""
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tiecli.display import num as _num
+from tiecli.formats import num as _num
 from tiecli.report.claims_rules import VERDICT_RULE, Claim
 from tiecli.report.compare import PARAMS_MATCH, Comparison, EqualParams
 from tiecli.report.gate import RULE as GATE_RULE

@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 
 from tiecli.config.schema import Config, LauncherConfig
-from tiecli.display import duration
+from tiecli.formats import duration
 from tiecli.model import GPT, count_params
 from tiecli.optim import make_optimizer
 from tiecli.run.layout import is_run_dir
@@ -136,7 +136,7 @@ def estimate_lines(
     for i, (key, name) in enumerate(like.items(), 1):
         if console:
             console.print(timing_line(configs[name], name, i, len(like)), highlight=False, markup=False, soft_wrap=True)
-        paces[key] = p = measure(configs[name])
+        paces[key] = p = measure_pace(configs[name])
         c = configs[name]
         yield (
             f"timed on {p.device} ({p.dtype}, {p.load()}), like {name}: {p.step_s:.3g} s a step "
@@ -199,7 +199,7 @@ def size_key(c: Config) -> tuple:
     return (repr(dataclasses.asdict(c.model)), c.train.batch_size, c.train.grad_accum, c.device, c.dtype, c.compile)
 
 
-def measure(c: Config, clock: Callable[[], float] = time.perf_counter) -> Pace:
+def measure_pace(c: Config, clock: Callable[[], float] = time.perf_counter) -> Pace:
     """Time a few optimizer steps and an evaluation batch of this config's model here, on random tokens."""
     device = pick_device(c.device)
     threads = use_threads(device)

@@ -22,8 +22,8 @@ import tiecli.sweep.launchers as launchers
 import tiecli.sweep.manifest as manifests
 from tiecli.config.compose import compose_launcher
 from tiecli.config.schema import LauncherConfig
-from tiecli.display import PLAIN_EVERY_S
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.formats import PLAIN_EVERY_S
 from tiecli.run.files import Lock, now
 from tiecli.run.layout import CHECKPOINT, LOCK, is_run_dir
 from tiecli.run.reader import RunReader

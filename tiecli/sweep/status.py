@@ -17,8 +17,8 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from tiecli.config.naming import check_name
-from tiecli.display import duration, num
 from tiecli.errors import TiecliError
+from tiecli.formats import duration, num
 from tiecli.run.layout import MANIFEST, run_path
 from tiecli.run.reader import RunReader
 from tiecli.run.records import SweepJob, SweepManifest, read_manifest
