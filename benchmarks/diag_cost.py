@@ -22,13 +22,14 @@ import numpy as np
 import torch
 from throughput import CONFIGS, DEVICE, sync, tiecli_variant, timed
 
-from tiecli import cancellation, diagnostics, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 from tiecli.config.schema import GPTConfig
-from tiecli.model import GPT
-from tiecli.optim import make_optimizer
-from tiecli.pairs import form_pairs
+from tiecli.data import tokenizer
+from tiecli.data.pairs import form_pairs
+from tiecli.measure import cancellation, diagnostics
+from tiecli.model.gpt import GPT
+from tiecli.train.optim import make_optimizer
 
 REPEATS = 5
 EVERY = 10  # diag.every's default: one statistics call per 10 training steps

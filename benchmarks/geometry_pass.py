@@ -12,7 +12,7 @@ import time
 import numpy as np
 import torch
 
-from tiecli import geometry
+from tiecli.measure import geometry
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ the device tool would kill at its limit still returns every figure measured so f
    size (traced into the graph) and at HEAD_GRAPH_MAX_CHUNKS + 4 (the tiecli::fused_head operator);
 3. GPT-2 small (`tiecli train model=gpt2 tokenizer=gpt2`, compile, bf16, lr 6e-4) at 16 x 1024 tokens a
    step: steady tokens/s (the median of metrics.jsonl's intervals after WARM_STEPS: the compile, the
-   evaluations and the checkpoint saves are outside train.py's clock), MFU, compile time (the steps'
+   evaluations and the checkpoint saves are outside train/loop.py's clock), MFU, compile time (the steps'
    time beyond the steady rate), peak memory and dynamo's recompiles;
 4. a nanoGPT-style reference step (benchmarks/throughput.py's, compiled, bf16, fused AdamW) at the same shape;
 5. the same GPT-2 untied;
@@ -199,7 +199,7 @@ def resume_row(
 def head_sizes(device: str, V: int) -> dict[str, int]:
     """Rows for the two head paths on this device: 4 chunks (traced into the graph) and
     HEAD_GRAPH_MAX_CHUNKS + 4 (the tiecli::fused_head operator), at the chunk size head.py uses here."""
-    from tiecli import head
+    from tiecli.model import head
 
     pad = head.HEAD_PAD.get(torch.device(device).type, 1)
     rows = head._chunk_rows(2**40, -(-V // pad) * pad, torch.device(device).type)
@@ -208,8 +208,8 @@ def head_sizes(device: str, V: int) -> dict[str, int]:
 
 def head_rows(device: str = "cuda", V: int = 50257, C: int = 768, sizes: dict[str, int] | None = None) -> list[dict]:
     """The fused head at GPT-2's shape (V, C) under bf16: against F.cross_entropy, and compiled against eager."""
-    from tiecli import head
-    from tiecli.head import linear_cross_entropy
+    from tiecli.model import head
+    from tiecli.model.head import linear_cross_entropy
 
     sizes = sizes or head_sizes(device, V)
     g = torch.Generator(device=device).manual_seed(0)
@@ -253,8 +253,8 @@ def mode_rows(
     """scaled, tied_bias and hybrid: one compiled training step each, its loss against eager's, finite gradients."""
     from tiecli.config.checks import to_config
     from tiecli.config.compose import compose
-    from tiecli.model import GPT
-    from tiecli.runtime import compile_step
+    from tiecli.model.gpt import GPT
+    from tiecli.runtime.device import compile_step
 
     rows = []
     for mode in modes:
@@ -352,7 +352,7 @@ def phases(runs: Path, plan: Plan, deadline: Deadline, peak: list[float]) -> lis
         return [resume_row(runs, names, CHECKS[4], deadline, plan.resume)]
 
     if plan.device == "cpu":  # the rehearsal's tiny head in chunks of 6 rows, so both paths run in seconds
-        from tiecli import head
+        from tiecli.model import head
 
         head.HEAD_CHUNK_ELEMENTS, head.HEAD_CHUNK_MIN_ROWS = 6 * plan.head_shape[0], 1
     return [

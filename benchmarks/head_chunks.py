@@ -27,7 +27,7 @@ def one(setting: str) -> None:
     import throughput as tp
     import torch
 
-    from tiecli import head
+    from tiecli.model import head
 
     cfg, rows, where = setting.split(":")
     head.HEAD_CHUNK_ELEMENTS, head.HEAD_CHUNK_MIN_ROWS = 0, int(rows)  # exactly `rows` rows a chunk

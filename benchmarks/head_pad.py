@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from tiecli import head
+from tiecli.model import head
 
 
 def bench(device: torch.device, rows: int, pad: int, elements: int, label: str) -> None:

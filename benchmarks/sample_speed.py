@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from tiecli.config.schema import GPTConfig
-from tiecli.model import GPT, KVCache
+from tiecli.model.gpt import GPT, KVCache
 
 SIZES = {  # conf/model/*.yaml with their usual vocabularies: bpe 4096 by default, gpt2 with tokenizer=gpt2
     "micro": dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=4096),

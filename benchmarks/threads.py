@@ -1,6 +1,6 @@
 # python benchmarks/threads.py [--busy 1] [--steps 20] [--rounds 2] [--idle]
 """Torch threads on a shared CPU: a nano training step's tokens/s at torch's default threads and at 1,
-while other processes keep some cores busy; what tiecli.runtime's choice picks under that load.
+while other processes keep some cores busy; what tiecli.runtime.device's choice picks under that load.
 
 --busy N starts N processes that each spin on a core (a pure Python loop, the simplest other job that
 always wants its core), waits a second for them to be scheduled, then times, interleaved over
@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from tiecli import runtime
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
-from tiecli.model import GPT
-from tiecli.optim import make_optimizer
+from tiecli.model.gpt import GPT
+from tiecli.runtime import device as runtime
+from tiecli.train.optim import make_optimizer
 
 
 def spin() -> None:

@@ -6,8 +6,8 @@ since a shared machine's speed drifts by more than the differences measured):
   ref fp32     a plain nanoGPT step written here: eager fp32, nn.Linear head tied to the embedding,
                F.cross_entropy on the full (B*T, V) logits, AdamW (fused on CUDA, as nanoGPT), clipping;
   ref c+bf16   the same step under torch.compile and bf16 autocast;
-  tiecli       the step tiecli.train.fit runs, as `tiecli train` sets it up for a long run:
-               compile and dtype resolved by tiecli.runtime's `auto` rules, the fused head,
+  tiecli       the step tiecli.train.loop.fit runs, as `tiecli train` sets it up for a long run:
+               compile and dtype resolved by tiecli.runtime.device's `auto` rules, the fused head,
                fused AdamW, the gradient split; tied and untied.
 Configs: a = 4x128, block 128, vocab 8192, batch 16; b = 6x384, block 256, vocab 50304, batch 8;
 default = tiecli's default model (micro: 4x128, block 128, bpe vocab 4096, batch 16).
@@ -36,13 +36,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tiecli import diagnostics, runtime, tokenizer
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 from tiecli.config.schema import GPTConfig
-from tiecli.model import GPT, Embeddings
-from tiecli.optim import make_optimizer
-from tiecli.pairs import form_pairs
+from tiecli.data import tokenizer
+from tiecli.data.pairs import form_pairs
+from tiecli.measure import diagnostics
+from tiecli.model.gpt import GPT, Embeddings
+from tiecli.runtime import device as runtime
+from tiecli.train.optim import make_optimizer
 
 CONFIGS = {  # n_layer, n_embd, block, vocab, batch
     "a": (4, 128, 128, 8192, 16),
@@ -137,7 +139,7 @@ def train_step(model, forward, opt, autocast, data, after=lambda: None):
 
 
 def tiecli_variant(cfg: str, tying: str = "tied", dtype: str = "auto", compile: str = "auto") -> Variant:
-    """tiecli.train.fit's step: forward (compiled per compile: auto for a long run), backward,
+    """tiecli.train.loop.fit's step: forward (compiled per compile: auto for a long run), backward,
     clip, fused AdamW, zero grads and the gradient split's sinks."""
     L, C, T, V, B = CONFIGS[cfg]
     gpt = GPTConfig(vocab_size=V, block_size=T, n_layer=L, n_head=max(1, C // 64), n_embd=C, tying=tying)
@@ -339,7 +341,7 @@ def geometry_seconds(mode: str) -> float:
 STARTUP = """
 import time, sys
 t0 = float(sys.argv[1])
-from tiecli import prepare
+from tiecli.train import prepare
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 cfg = to_config(compose(sys.argv[2:])[0])

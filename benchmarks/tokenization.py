@@ -31,7 +31,7 @@ import dataclasses, json, resource, sys, time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from conftest import conf
-from tiecli import data
+from tiecli.data import tokens as data
 cfg = conf("tokenizer={tokenizer}")
 d = dataclasses.replace(cfg.data, name={name!r}, path={path!r}, files={files!r}, num_proc={num_proc},
                         text_field="text", hf_split="train", split="document")
@@ -49,7 +49,7 @@ print(json.dumps({{
 TIKTOKEN = """
 import json, resource, sys, time
 from pathlib import Path
-from tiecli import tokenizer
+from tiecli.data import tokenizer
 enc = {{"gpt2": tokenizer.gpt2, "bytes": tokenizer.byte_level}}[{tokenizer!r}]()
 docs = [p.read_text() for p in sorted(Path({folder!r}).glob("*.txt"))]
 start = time.perf_counter()

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tiecli.corpus import CORPORA, corpus_path
+from tiecli.data.corpus import CORPORA, corpus_path
 from tiecli.run.files import atomic_write
 
 # (package, version, sha256 of the .deb, kind of file read, path pattern inside the package)
@@ -222,7 +222,7 @@ def build(name: str, folder: Path, out: Path) -> None:
 def count_tokens(path: Path, vocab: int = 4096, sample_bytes: int = 10_000_000) -> None:
     """Estimate the corpus's tokens: a byte-level BPE (tokenizer=bpe) trained on every k-th document,
     about sample_bytes in all, then the whole corpus encoded with it."""
-    from tiecli import tokenizer
+    from tiecli.data import tokenizer
 
     with lzma.open(path, "rt", encoding="utf-8") as f:
         docs = [json.loads(line)["text"] for line in f]

@@ -18,7 +18,7 @@ import lzma
 import re
 from pathlib import Path
 
-from tiecli.corpus import corpus_path
+from tiecli.data.corpus import corpus_path
 
 ARTICLE_PAIRS = [("кошка", "кошки"), ("идти", "шёл"), ("идти", "шел")]  # ё is often written е
 CONTENT = {"NOUN", "ADJF", "INFN"}  # nouns, full adjectives, verbs (by their infinitive)

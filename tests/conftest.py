@@ -34,7 +34,7 @@ TINY = [
 @pytest.fixture(scope="session")
 def tiny_text(tmp_path_factory) -> Path:
     """TINY's corpus: the bundled corpus's first TINY_CHARS, cut at a line end, written once per session."""
-    from tiecli.corpus import load_documents
+    from tiecli.data.corpus import load_documents
 
     text = "".join(t for _, t in load_documents(conf().data))[:TINY_CHARS]
     path = tmp_path_factory.getbasetemp() / "tiny.txt"

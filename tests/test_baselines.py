@@ -9,8 +9,8 @@ import pytest
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import baselines
 from tiecli.cli import app
+from tiecli.measure import baselines
 from tiecli.run.reader import RunReader
 
 

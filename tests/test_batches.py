@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiecli import batches
+from tiecli.data import batches
 
 
 def test_batches_are_next_token_pairs_and_reproducible():

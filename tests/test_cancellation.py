@@ -1,5 +1,5 @@
 """R4 (cancellation) at the source: the cancelled fraction of the two paths' components along related pairs
-(tiecli/cancellation.py), its frequency- and cosine-matched null, Adam's step split by path; the scale-free
+(tiecli/measure/cancellation.py), its frequency- and cosine-matched null, Adam's step split by path; the scale-free
 drift (geometry.drift's drift_unit); and what a training run records for them (metrics.jsonl, rows.npz)."""
 
 import numpy as np
@@ -8,13 +8,14 @@ import torch
 from conftest import TINY
 from helpers import tiecli
 
-from tiecli import cancellation, diagnostics, geometry, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
 from tiecli.config.schema import GPTConfig
-from tiecli.model import GPT
+from tiecli.measure import cancellation, diagnostics, geometry
+from tiecli.model.gpt import GPT
 from tiecli.run.layout import CONFIG, ROW_SAMPLE
 from tiecli.run.reader import RunReader
+from tiecli.train import loop as train
 
 
 def pairs_of(w, n_pairs=60, seed=0):

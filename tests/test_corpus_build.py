@@ -13,8 +13,8 @@ import pytest
 from conftest import TINY, data_config
 from helpers import one_line_error, tiecli
 
-from tiecli.corpus import corpus_path, load_documents
-from tiecli.pairs import pairs_file, read_pairs_file
+from tiecli.data.corpus import corpus_path, load_documents
+from tiecli.data.pairs import pairs_file, read_pairs_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NODATA = [o for o in TINY if not o.startswith("data")]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import conf, data_config
 
-from tiecli import corpus, data, tokenizer
+from tiecli.data import corpus, tokenizer
+from tiecli.data import tokens as data
 from tiecli.errors import ConfigError, TiecliError
 
 

@@ -7,16 +7,18 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import diagnostics, tokenizer, train
 from tiecli.cli import app
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, default_config_dir, to_yaml
 from tiecli.config.schema import GPTConfig
+from tiecli.data import tokenizer
+from tiecli.data.pairs import form_pairs, pairs_file, read_pairs_file
 from tiecli.errors import TiecliError
-from tiecli.model import GPT
-from tiecli.pairs import form_pairs, pairs_file, read_pairs_file
+from tiecli.measure import diagnostics
+from tiecli.model.gpt import GPT
 from tiecli.run.layout import CHECKPOINT, CONFIG, GEOMETRY, SNAPSHOTS
 from tiecli.run.reader import RunReader
+from tiecli.train import loop as train
 
 SHARED_MODES = ["tied", "tied_bias", "scaled", "partial", "hybrid"]
 

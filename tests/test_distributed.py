@@ -1,4 +1,4 @@
-"""Data-parallel training (tiecli/distributed.py): 2 processes over gloo against one process.
+"""Data-parallel training (tiecli/runtime/distributed.py): 2 processes over gloo against one process.
 
 The ranks are started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), one
 subprocess each, so a test can signal or kill one rank; the resume goes through the real torchrun
@@ -22,12 +22,12 @@ import torch
 from helpers import rows
 from typer.testing import CliRunner
 
-from tiecli import distributed
 from tiecli.cli import app
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 from tiecli.config.schema import TrainConfig
 from tiecli.errors import ConfigError, Interrupted, TiecliError
+from tiecli.runtime import distributed
 
 RUN = [
     "data=textfile",  # data.path: conftest's tiny.txt, by its absolute path (rank 1 runs in another folder)
@@ -324,7 +324,7 @@ def test_gpu_check_names_runs_uniquely_and_computes_mfu_from_steady_steps(tmp_pa
         g.steady_tokens_per_s(metrics, warm_steps=50)
     # 50 steps of 1,000 tokens took 25 s; at 10,000 tokens/s they would take 5 s: 20 s of compile
     assert g.compile_seconds(25.0, 50, 1000, 10_000.0) == pytest.approx(20.0)
-    log = "V1201 Recompiling function forward in model.py:600\n    triggered by ...\nRecompiling function step"
+    log = "V1201 Recompiling function forward in model/gpt.py:600\n    triggered by ...\nRecompiling function step"
     assert g.recompiles(log) == 2 and g.recompiles("training run\n") == 0
     assert g.peak_memory_gib({"peak_memory_bytes": 3 * 2**30}) == 3.0
     assert g.peak_memory_gib({"peak_memory_gib": 2.5}) == 2.5 and g.peak_memory_gib({"step": 1}) is None
@@ -355,8 +355,8 @@ def test_gpu_check_in_process_checks_pass_on_cpu(monkeypatch):
     """The fused-head and tying-mode checks of gpu_check.py at a small shape on CPU (bf16 autocast, compiled):
     6 rows a chunk, so 48 rows are traced into the graph (8 chunks) and 96 go through the operator (16)."""
     g = gpu_check()
-    monkeypatch.setattr("tiecli.head.HEAD_CHUNK_ELEMENTS", 6 * 97)
-    monkeypatch.setattr("tiecli.head.HEAD_CHUNK_MIN_ROWS", 1)
+    monkeypatch.setattr("tiecli.model.head.HEAD_CHUNK_ELEMENTS", 6 * 97)
+    monkeypatch.setattr("tiecli.model.head.HEAD_CHUNK_MIN_ROWS", 1)
     head = g.head_rows("cpu", V=97, C=32, sizes={"traced": 48, "operator": 96})
     assert [r["check"] for r in head] == [
         "fused head 48 rows: eager vs F.cross_entropy",
@@ -446,7 +446,7 @@ def test_cuda_devices_past_the_gpus_or_shared_by_all_ranks_are_refused_in_one_li
 
 def test_checkpoints_keep_the_cuda_rng_of_the_runs_device_not_the_current_one(monkeypatch):
     """device=cuda:1 while cuda:0 is current: the state saved and restored is cuda:1's."""
-    from tiecli import checkpoint
+    from tiecli.model import checkpoint
 
     calls: list = []
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": calls.append(("get", device)) or b"s1")

@@ -56,7 +56,7 @@ def test_the_dry_run_times_each_size_here_and_prints_the_estimate(isolated):
 def test_the_dry_run_times_on_the_free_cores_and_states_the_load(isolated, monkeypatch):
     import torch
 
-    from tiecli import runtime
+    from tiecli.runtime import device as runtime
 
     threads = torch.get_num_threads()
     monkeypatch.setattr(runtime, "_chosen", {"default": runtime.Threads(2, 2, None, "torch")})

@@ -6,9 +6,9 @@ import torch
 from conftest import conf, data_config
 
 from tiecli.config.schema import GPTConfig
-from tiecli.data import load_corpus
-from tiecli.evaluate import evaluate
-from tiecli.model import GPT
+from tiecli.data.tokens import load_corpus
+from tiecli.measure.evaluate import evaluate
+from tiecli.model.gpt import GPT
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,8 @@ def test_evaluation_runs_in_inference_mode(corpus):
 
 
 def test_the_training_split_is_evaluated_on_a_fixed_subset_when_large(corpus):
-    from tiecli.batches import eval_windows
-    from tiecli.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
+    from tiecli.data.batches import eval_windows
+    from tiecli.measure.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
 
     limit = whole_split_limit(corpus, "train", 64)
     assert limit == TRAIN_EVAL_FACTOR * len(eval_windows(len(corpus.tokens["val"]), 64))
@@ -79,7 +79,7 @@ def tiny_model() -> GPT:
 def test_small_splits_stay_whole_and_large_ones_are_a_seeded_subset_with_its_standard_error(corpus):
     """The bundled corpus fits eval.max_tokens whole (no `subset`); a cap of 50 windows keeps 50 full
     windows, the same ones every time, whose loss estimates the whole split's within its standard error."""
-    from tiecli.evaluate import final_windows
+    from tiecli.measure.evaluate import final_windows
 
     default = conf("tokenizer=bytes").eval.max_tokens
     for split in ("val", "test"):
@@ -103,7 +103,7 @@ def _rank_evaluates(rank: int, world: int, init: str, out: str, cache: str) -> N
 
     import torch.distributed as dist
 
-    from tiecli import evaluate as ev
+    from tiecli.measure import evaluate as ev
 
     os.environ["TIECLI_CACHE_DIR"] = cache
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -129,7 +129,7 @@ def test_a_sharded_evaluation_gives_one_process_numbers(corpus, tmp_path):
 
     import torch.multiprocessing as mp
 
-    from tiecli.evaluate import final_windows
+    from tiecli.measure.evaluate import final_windows
 
     windows = final_windows(corpus, "val", 64, 300 * 64)
     one = evaluate(tiny_model(), corpus, "val", corpus.buckets([0.5, 0.9]), torch.device("cpu"), windows=windows)

@@ -12,12 +12,13 @@ from helpers import train_process
 from typer.testing import CliRunner
 
 from tests.conftest import TINY
-from tiecli import checkpoint, tokenizer
 from tiecli.cli import app
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
 from tiecli.config.schema import TYING_MODES
-from tiecli.model import GPT
+from tiecli.data import tokenizer
+from tiecli.model import checkpoint
+from tiecli.model.gpt import GPT
 from tiecli.run.files import atomic_write
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
 from tiecli.run.reader import RunReader
@@ -150,7 +151,7 @@ def test_tied_bias_is_refused_for_hf_and_exported_as_safetensors(tmp_path):
 
 @pytest.mark.slow
 def test_gpt2_tokenizer_json_has_gpt2s_ids(tmp_path):
-    from tiecli.export import hf_tokenizer
+    from tiecli.commands.export import hf_tokenizer
 
     enc = tokenizer.gpt2()
     hf_tokenizer(enc).save_pretrained(tmp_path)
@@ -163,7 +164,7 @@ def test_gpt2_tokenizer_json_has_gpt2s_ids(tmp_path):
 
 @pytest.mark.slow
 def test_trained_bpe_tokenizer_json_has_the_same_ids(tmp_path):
-    from tiecli.export import hf_tokenizer
+    from tiecli.commands.export import hf_tokenizer
 
     text = Path("tiny.txt").read_text()  # TINY's corpus
     enc = tokenizer.bpe(text, 400, tmp_path / "cache")
@@ -183,7 +184,7 @@ def test_trained_bpe_run_exports_its_tokenizer(tmp_path):
     train_process(*overrides, "--name", "b")
     result = export("runs/b", "--to", "hf", tmp_path / "out")
     assert result.exit_code == 0, result.output
-    from tiecli.data import load_corpus
+    from tiecli.data.tokens import load_corpus
 
     run_config = to_config(compose(overrides)[0])
     corpus = load_corpus(run_config.data, run_config.tokenizer)

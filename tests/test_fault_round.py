@@ -316,7 +316,7 @@ def ranks_failed(**codes):
     ],
 )
 def test_the_launcher_names_the_rank_that_died(monkeypatch, codes, code, text):
-    from tiecli import distributed
+    from tiecli.runtime import distributed
 
     launcher_with(monkeypatch, lambda env: ranks_failed(**codes))
     with pytest.raises(TiecliError, match=re.escape(text)) as e:
@@ -330,7 +330,7 @@ def test_a_stop_while_the_ranks_start_says_nothing_was_written(monkeypatch):
     """Before: exit 130 and no output at all when the ranks had not yet caught the signal."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from tiecli import distributed
+    from tiecli.runtime import distributed
 
     def stopped(env, said: bool):
         if said:  # a rank that caught the stop printed its line and said so
@@ -423,8 +423,8 @@ def test_a_name_too_long_for_the_temporary_folder_is_refused_before_anything(iso
 
 def test_a_byte_order_mark_does_not_cost_a_pairs_files_first_pair(isolated):
     """Before: the BOM stuck to the first word, which then encoded to more than one token: the pair was lost."""
-    from tiecli.pairs import form_pairs
-    from tiecli.tokenizer import gpt2
+    from tiecli.data.pairs import form_pairs
+    from tiecli.data.tokenizer import gpt2
 
     Path("pairs.tsv").write_bytes("\ufeffwalk\twalks\nmake\tmaking\n".encode())
     pairs, info = form_pairs(gpt2(), "./pairs.tsv")
@@ -436,7 +436,7 @@ def test_a_byte_order_mark_does_not_cost_a_pairs_files_first_pair(isolated):
 @pytest.mark.slow
 def test_a_run_killed_after_a_checkpoint_lists_the_step_it_resumes_from(isolated):
     """Before: `tiecli runs` showed `interrupted 0/1,000`: summary.json kept the step it started at."""
-    from tiecli import checkpoint
+    from tiecli.model import checkpoint
 
     proc = faults.spawn("train", *args("train.max_steps=1000", "train.checkpoint_interval=4"), "--name", "X")
     run = isolated / "runs" / "X"

@@ -24,13 +24,13 @@ import pytest
 import torch
 from helpers import tiecli, trained_once
 
-from tiecli import checkpoint
-from tiecli import train as training
-from tiecli.model import GPT
+from tiecli.model import checkpoint
+from tiecli.model.gpt import GPT
 from tiecli.run.files import Lock, atomic_write, read_json, write_json
 from tiecli.run.layout import CHECKPOINT, CONFIG, EVAL, GEOMETRY, INIT_CHECKPOINT, LOCK, METRICS, SUMMARY
 from tiecli.run.reader import RunReader
 from tiecli.run.writer import RunWriter
+from tiecli.train import loop as training
 
 # The issue's tiny config F (each key once: a key given twice is refused), then a short schedule.
 F = [
@@ -208,7 +208,7 @@ def test_two_writers_at_once_one_trains_the_other_is_refused(isolated):
 def test_a_writer_that_finds_the_run_made_meanwhile_leaves_it_alone(done, monkeypatch):
     """The late side of the race, made certain: the second writer checked before the first had renamed its run into place."""
     before = contents(done)
-    monkeypatch.setattr("tiecli.launch.is_run_dir", lambda path: False)  # the check `tiecli train` makes first
+    monkeypatch.setattr("tiecli.commands.launch.is_run_dir", lambda path: False)  # the check `tiecli train` makes first
     refused(tiecli("train", *args("seed=2"), "--name", "X"), 1, "run 'X' was created by another process meanwhile")
     assert contents(done) == before
     assert [p.name for p in done.parent.iterdir()] == ["X"]

@@ -1,13 +1,14 @@
-"""The fused linear + cross-entropy head (tiecli/head.py) against the plain path, and the gradient split it feeds."""
+"""The fused linear + cross-entropy head (tiecli/model/head.py) against the plain path, and the gradient split it feeds."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tiecli import diagnostics, head
 from tiecli.config.schema import TYING_MODES, GPTConfig
-from tiecli.head import linear_cross_entropy
-from tiecli.model import GPT
+from tiecli.measure import diagnostics
+from tiecli.model import head
+from tiecli.model.gpt import GPT
+from tiecli.model.head import linear_cross_entropy
 
 V, C, T = 97, 32, 16
 SHARED = ["tied", "tied_bias", "scaled", "partial", "hybrid"]

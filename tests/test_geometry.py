@@ -1,4 +1,4 @@
-"""Known answers for tiecli.geometry: hand-built matrices whose geometry is known in advance."""
+"""Known answers for tiecli.measure.geometry: hand-built matrices whose geometry is known in advance."""
 
 import json
 import math
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from tiecli import geometry, rows
+from tiecli.data.pairs import english_form_pairs, read_pairs_file
 from tiecli.errors import TiecliError
-from tiecli.pairs import english_form_pairs, read_pairs_file
+from tiecli.measure import geometry, rows
 
 N, C = 2000, 32  # small enough that every test runs in milliseconds
 

@@ -10,10 +10,13 @@ from conftest import TINY
 from helpers import one_line_error, tiecli
 from test_train import setup
 
-from tiecli import distributed, evaluate, runtime, train
-from tiecli.evaluate import MIN_BUDGET_WINDOWS, budget_tokens
+from tiecli.measure import evaluate
+from tiecli.measure.evaluate import MIN_BUDGET_WINDOWS, budget_tokens
 from tiecli.run.layout import CHECKPOINT
 from tiecli.run.reader import RunReader
+from tiecli.runtime import device as runtime
+from tiecli.runtime import distributed
+from tiecli.train import loop as train
 
 SAVE_S = 1000.0  # each save and evaluation moves the clock on this far; the clock of tokens/s must not see it
 
@@ -101,8 +104,8 @@ def test_a_collective_error_is_named_as_a_lost_peer_only_when_it_is_one():
 def test_evaluation_sums_by_bucket_without_bincount(monkeypatch):
     """The per-bucket sums come from index_add_: bincount sizes its output on the host, a GPU sync a batch."""
     from tiecli.config.schema import GPTConfig
-    from tiecli.data import load_corpus
-    from tiecli.model import GPT
+    from tiecli.data.tokens import load_corpus
+    from tiecli.model.gpt import GPT
 
     def no_bincount(*args, **kwargs):
         raise AssertionError("torch.bincount called during evaluation")
@@ -121,7 +124,7 @@ def test_a_numbered_cuda_device_becomes_the_current_one(monkeypatch):
     """device=cuda:N: set_up() makes it the current device too (kernels and NCCL that use the current one)."""
     set_to = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: set_to.append(d))
-    from tiecli import prepare as preparing
+    from tiecli.train import prepare as preparing
 
     monkeypatch.setattr(preparing, "pick_device", lambda name: torch.device(name))
     monkeypatch.setattr(distributed, "device", lambda d: d)

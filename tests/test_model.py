@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tiecli.config.schema import TYING_MODES, GPTConfig
-from tiecli.model import GPT, KVCache, count_params
+from tiecli.model.gpt import GPT, KVCache, count_params
 
 V, C, L, T = 97, 32, 2, 16
 
@@ -74,7 +74,7 @@ def test_tied_shares_one_tensor():
 
 
 def test_tie_survives_state_dict_round_trip(tmp_path):
-    from tiecli import checkpoint
+    from tiecli.model import checkpoint
 
     model = GPT(config("tied"))
     (tmp_path / "m.pt").write_bytes(checkpoint.to_bytes({"model": model.state_dict()}))

@@ -9,12 +9,14 @@ from conftest import TINY
 from helpers import one_line_error, tiecli
 from test_train import GET_BATCH, interrupt_at_batch, metrics, setup
 
-from tiecli import diagnostics, optim, train
-from tiecli.checkpoint import load_embeddings
 from tiecli.config.schema import GPTConfig
-from tiecli.model import GPT
+from tiecli.measure import diagnostics
+from tiecli.model.checkpoint import load_embeddings
+from tiecli.model.gpt import GPT
 from tiecli.run.layout import CHECKPOINT, INIT_CHECKPOINT, SNAPSHOTS
 from tiecli.run.reader import RunReader
+from tiecli.train import loop as train
+from tiecli.train import optim
 
 V, C, T = 97, 32, 16
 
@@ -129,7 +131,7 @@ def test_tied_then_untied_resumes_exactly_before_at_and_after_the_switch(tmp_pat
         with pytest.raises(train.Interrupted, match=f"interrupted at step {stop}/12"):
             train.train(cfg, tmp_path / name, False, files)
         assert bool(torch.load(tmp_path / name / CHECKPOINT, weights_only=True)["model"]["emb.untied"]) is (stop > 6)
-        monkeypatch.setattr("tiecli.prepare.get_batch", GET_BATCH)
+        monkeypatch.setattr("tiecli.train.prepare.get_batch", GET_BATCH)
         resumed = train.train(cfg, tmp_path / name, True, files)
         assert resumed.final_val == whole.final_val, name
         assert strip(metrics(tmp_path / name)) == strip(metrics(tmp_path / "whole")), name

@@ -7,12 +7,14 @@ import torch
 from conftest import TINY
 from omegaconf import OmegaConf
 
-from tiecli import distributed, runtime, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, recompose, to_yaml
 from tiecli.errors import ConfigError
 from tiecli.run.layout import CONFIG, OVERRIDES, SUMMARY
 from tiecli.run.reader import RunReader
+from tiecli.runtime import device as runtime
+from tiecli.runtime import distributed
+from tiecli.train import loop as train
 
 
 def tiny_run(tmp_path, *overrides):

@@ -1,5 +1,5 @@
 """dtype: bf16 only where the GPU has it natively, fp16 with a gradient scaler where it has fp16 tensor cores,
-fp32 before them (tiecli/runtime.py); the fp16 path trained on CPU, where autocast and GradScaler also run."""
+fp32 before them (tiecli/runtime/device.py); the fp16 path trained on CPU, where autocast and GradScaler also run."""
 
 import json
 
@@ -8,7 +8,7 @@ import torch
 from conftest import TINY
 from helpers import rows, tiecli
 
-from tiecli import runtime
+from tiecli.runtime import device as runtime
 
 CUDA = torch.device("cuda", 0)
 

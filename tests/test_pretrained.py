@@ -11,9 +11,10 @@ import torch
 from helpers import one_line_error, train_process
 from typer.testing import CliRunner
 
-from tiecli import geometry, pretrained
 from tiecli.cli import app
+from tiecli.commands import pretrained
 from tiecli.errors import TiecliError
+from tiecli.measure import geometry
 
 runner = CliRunner()
 

@@ -6,7 +6,7 @@ import pytest
 from conftest import TINY
 from helpers import tiecli
 
-from tiecli import checkpoint
+from tiecli.model import checkpoint
 from tiecli.run.layout import CHECKPOINT, CONFIG, EVAL
 from tiecli.run.reader import RunReader
 

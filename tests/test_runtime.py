@@ -5,12 +5,14 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import optim, runtime, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import ConfigError, Interrupted
 from tiecli.run.layout import CHECKPOINT, CONFIG
 from tiecli.run.reader import RunReader
+from tiecli.runtime import device as runtime
+from tiecli.train import loop as train
+from tiecli.train import optim
 
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 

@@ -9,16 +9,17 @@ import torch
 from conftest import TINY
 from helpers import one_line_error, tiecli
 
-from tiecli import checkpoint, tokenizer
+from tiecli.commands.sample import Options, draw, encode_prompt, load_sampling, pick, sample_run
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
 from tiecli.config.schema import TYING_MODES
+from tiecli.data import tokenizer
 from tiecli.errors import TiecliError
-from tiecli.model import GPT
+from tiecli.model import checkpoint
+from tiecli.model.gpt import GPT
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES
 from tiecli.run.records import Summary
 from tiecli.run.writer import RunWriter
-from tiecli.sample import Options, draw, encode_prompt, load_sampling, pick, sample_run
 
 
 def make_run(path: Path, *overrides: str, weights: bool = True):

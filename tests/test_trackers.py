@@ -11,13 +11,13 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from tiecli import trackers
 from tiecli.cli import app
 from tiecli.config.compose import compose, to_yaml
 from tiecli.run.layout import CHECKPOINT, CONFIG, OVERRIDES, TRACKERS
 from tiecli.run.reader import RunReader
 from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
 from tiecli.run.writer import RunWriter
+from tiecli.train import trackers
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("wandb", reason="the wandb extra is not installed")

@@ -5,12 +5,13 @@ import pytest
 import torch
 from conftest import TINY
 
-from tiecli import optim, prepare, train
 from tiecli.config.checks import to_config
 from tiecli.config.compose import compose, to_yaml
 from tiecli.errors import Interrupted, TiecliError
 from tiecli.run.layout import CHECKPOINT, CONFIG, INIT_CHECKPOINT, METRICS, OVERRIDES
 from tiecli.run.reader import RunReader
+from tiecli.train import loop as train
+from tiecli.train import optim, prepare
 
 # The originals, to put back mid-test (monkeypatch.undo() would also undo conftest's cache and folder).
 GET_BATCH, EVALUATE = prepare.get_batch, train.evaluate
@@ -66,7 +67,7 @@ def interrupt_at_batch(monkeypatch, n):
             os.kill(os.getpid(), signal.SIGINT)
         return GET_BATCH(*args)
 
-    monkeypatch.setattr("tiecli.prepare.get_batch", get_batch)
+    monkeypatch.setattr("tiecli.train.prepare.get_batch", get_batch)
 
 
 @pytest.mark.slow
@@ -81,7 +82,7 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch
         train.train(cfg, tmp_path / "split", False, files)
     stopped = RunReader(tmp_path / "split").summary()
     assert stopped.status == "interrupted" and stopped.step == 5
-    monkeypatch.setattr("tiecli.prepare.get_batch", GET_BATCH)
+    monkeypatch.setattr("tiecli.train.prepare.get_batch", GET_BATCH)
     # As if the process had been killed later: lines past the checkpoint, the last one torn.
     with open(tmp_path / "split" / METRICS, "a") as f:
         f.write('{"step": 6, "tokens": 768, "lr": 0.1, "loss": 0.0}\n{"step": 7, "lo')
@@ -124,7 +125,7 @@ def test_resume_refuses_changed_data(tmp_path, monkeypatch):
     interrupt_at_batch(monkeypatch, 2)
     with pytest.raises(Interrupted):
         train.train(cfg, tmp_path / "run", False, files)
-    monkeypatch.setattr("tiecli.prepare.get_batch", GET_BATCH)
+    monkeypatch.setattr("tiecli.train.prepare.get_batch", GET_BATCH)
     text.write_text(text.read_text() + "a new line that changes the corpus\n")
     with pytest.raises(TiecliError, match="the data or tokenizer changed since 'run' was trained"):
         train.train(cfg, tmp_path / "run", True, files)
@@ -140,7 +141,7 @@ def test_a_failing_run_is_marked_failed(tmp_path, monkeypatch):
             raise RuntimeError("disk on fire")
         return GET_BATCH(*args)
 
-    monkeypatch.setattr("tiecli.prepare.get_batch", broken)
+    monkeypatch.setattr("tiecli.train.prepare.get_batch", broken)
     with pytest.raises(RuntimeError):
         train.train(cfg, tmp_path / "run", False, files)
     summary = RunReader(tmp_path / "run").summary()
@@ -175,7 +176,7 @@ def test_learning_rate_schedule():
 
 
 def test_embeddings_can_be_exempt_from_weight_decay():
-    from tiecli.model import GPT
+    from tiecli.model.gpt import GPT
 
     cfg, _ = setup("tying=untied")
     model = GPT(cfg.model)
@@ -197,7 +198,7 @@ def groups(opt, model):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["untied", "tied", "tied_bias", "partial", "hybrid"])
 def test_token_matrices_get_their_own_learning_rates(mode):
-    from tiecli.model import GPT
+    from tiecli.model.gpt import GPT
 
     cfg, _ = setup(f"tying={mode}", "train.lr=0.002", "train.lr_embedding=0.02", "train.lr_output=0.0005")
     model = GPT(cfg.model)
@@ -214,7 +215,7 @@ def test_token_matrices_get_their_own_learning_rates(mode):
 
 @pytest.mark.slow
 def test_default_learning_rates_keep_two_groups_and_the_loop_scales_the_schedule(tmp_path):
-    from tiecli.model import GPT
+    from tiecli.model.gpt import GPT
 
     cfg, _ = setup("tying=untied")
     model = GPT(cfg.model)
@@ -254,8 +255,8 @@ def test_a_resume_that_changes_the_schedule_thins_the_old_snapshots(tmp_path):
 
 @pytest.mark.slow
 def test_the_final_training_split_evaluation_is_a_fixed_subset(tmp_path):
-    from tiecli.data import load_corpus
-    from tiecli.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
+    from tiecli.data.tokens import load_corpus
+    from tiecli.measure.evaluate import TRAIN_EVAL_FACTOR, whole_split_limit
 
     cfg, files = setup()
     corpus = load_corpus(cfg.data, cfg.tokenizer)

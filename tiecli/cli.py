@@ -98,7 +98,8 @@ def train_and_show(
     """
     overrides = list(overrides or [])
     with user_errors():
-        from tiecli import distributed, launch
+        from tiecli.commands import launch
+        from tiecli.runtime import distributed
 
         runs_dir, name = launch.run_place(overrides, resume, runs_dir, name, multirun)
         if nproc is not None and not distributed.launched():  # check everything once, then start the ranks
@@ -116,7 +117,7 @@ def show_trained(path: Path, summary, run_config) -> None:
         console.print(display.geometry_table(entries[-1].to_dict(), f"geometry at step {summary.step}"))
     console.print(f"run directory: {path}", highlight=False, soft_wrap=True)
     if run_config.train.sample_tokens:  # what `tiecli sample RUN --max-new-tokens N` prints, from the checkpoint
-        from tiecli.sample import DEFAULT_PROMPT, Options, load_sampling, stream_sample
+        from tiecli.commands.sample import DEFAULT_PROMPT, Options, load_sampling, stream_sample
 
         n = run_config.train.sample_tokens
         sampling = load_sampling(path, run_config, "latest", Options(DEFAULT_PROMPT, 1, n, 0.8, 200, 1.0, 0))
@@ -135,7 +136,7 @@ def eval_(
     Example: tiecli eval runs/micro-tied-bpe4096-shakespeare-s0 --split test
     """
     with user_errors():
-        from tiecli.launch import evaluate_run, find_run, load_run_config
+        from tiecli.commands.launch import evaluate_run, find_run, load_run_config
 
         opt.check_step_option(step)
 
@@ -162,7 +163,7 @@ def info(
 
         cfg, choices = compose(overrides or [], config_dir)
         run_config = to_config(cfg)
-        from tiecli.model import count_params
+        from tiecli.model.gpt import count_params
 
         counts = count_params(run_config.model)
         if as_json:
@@ -200,7 +201,7 @@ def geometry(
             show_pretrained(Path(model), pairs, out, as_json)
             return
         assert run is not None  # check_geometry_args: a RUN or --model
-        from tiecli.launch import find_run, geometry_of_run, load_run_config
+        from tiecli.commands.launch import find_run, geometry_of_run, load_run_config
 
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
@@ -228,7 +229,7 @@ def check_geometry_args(run: Path | None, model: str | None, step: str, write: b
 
 def show_pretrained(model: Path, pairs: Path | None, out: Path | None, as_json: bool) -> None:
     """`tiecli geometry --model`: measure a pretrained model's token matrices, print them, and write them with --out."""
-    from tiecli import pretrained
+    from tiecli.commands import pretrained
 
     measured = pretrained.geometry_of_model(model, pairs, out)
     if as_json:
@@ -254,11 +255,11 @@ def export(
     Example: tiecli export runs/micro-tied-bpe4096-shakespeare-s0 --to hf exported/micro-tied
     """
     with user_errors():
-        from tiecli.launch import find_run, load_run_config
+        from tiecli.commands.launch import find_run, load_run_config
 
         run = find_run(run, runs_dir)
         run_config = load_run_config(run)
-        from tiecli.export import export_run
+        from tiecli.commands.export import export_run
 
         result = export_run(run, run_config, to.value, out_dir, force)
         check = f"; logits match tiecli's to {result['max_logit_diff']:.2g}" if "max_logit_diff" in result else ""
@@ -292,8 +293,8 @@ def sample(
     Example: tiecli sample runs/micro-tied-bpe4096-shakespeare-s0 --prompt "ROMEO:" --num-samples 3
     """
     with user_errors():
-        from tiecli.launch import find_run, load_run_config
-        from tiecli.sample import Options, load_sampling, read_prompt, sample_run, show_samples, stream_sample
+        from tiecli.commands.launch import find_run, load_run_config
+        from tiecli.commands.sample import Options, load_sampling, read_prompt, sample_run, show_samples, stream_sample
 
         options = Options(
             read_prompt(prompt, prompt_file), num_samples, max_new_tokens, temperature, top_k, top_p, seed

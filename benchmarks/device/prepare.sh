@@ -19,7 +19,7 @@ mkdir -p "$CARRY/wheels" "$CARRY/corpora"
 "$PY" -m pip wheel -q --no-deps --no-binary=:all: -w "$CARRY/wheels" antlr4-python3-runtime==4.9.3
 ls "$CARRY"/wheels
 if [ "$CORPUS" != none ]; then
-    cached=$(PYTHONPATH=$PWD "$PY" -c "from tiecli.corpus import corpus_path; print(corpus_path('$CORPUS'))")
+    cached=$(PYTHONPATH=$PWD "$PY" -c "from tiecli.data.corpus import corpus_path; print(corpus_path('$CORPUS'))")
     if [ ! -f "$cached" ]; then
         PYTHONPATH=$PWD "$PY" scripts/build_corpus_deb.py "$CORPUS"
     fi

@@ -163,7 +163,7 @@ class GPTConfig:
     """The model's shape and tying mode.
 
     The sizes have no defaults: conf/ holds them, and tiecli/config/checks.py fills every field from there;
-    tiecli/model.py builds the GPT from it.
+    tiecli/model/gpt.py builds the GPT from it.
     The rest default to nanoGPT's choices (no dropout, biases, tied) and, for the settings that only
     some modes have, to stand-ins for the other modes (conf/ gives each mode only its own settings).
     """

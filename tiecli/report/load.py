@@ -43,14 +43,14 @@ TRAINING_DIAG = (
     "grad_cos_null_mean",
     "grad_cos_null_sd",
     "grad_norm_lost_pct",
-    # R4 at the related-form pairs (tiecli/diagnostics.py pair_gradients); KEY_null: the matched random pairs
+    # R4 at the related-form pairs (tiecli/measure/diagnostics.py pair_gradients); KEY_null: the matched random pairs
     *(
         f"pair_{key}{null}"
         for key in ("claimed", "opposed", "pull_in", "push_in", "pull_out", "push_out", "cos_in", "cos_out")
         for null in ("", "_null")
     ),
     "pair_claimed_null_sd",
-    # R4 (cancellation) (tiecli/cancellation.py): per-step means whose ratio over training is the cancelled fraction
+    # R4 (cancellation) (tiecli/measure/cancellation.py): per-step means whose ratio over training is the cancelled fraction
     *(
         f"pair_cancel_{kind}{null}_{part}"
         for kind in ("grad", "adam")
@@ -123,7 +123,7 @@ class Run:
     # the pairs whose tokens occur (forms_n_pairs); None without geometry
     pairs: dict | None = None
     # summary.json's corpus: its key, train_tokens, vocab_size and (since tiecli 0.1) the count-model
-    # baselines of the validation split (tiecli/baselines.py)
+    # baselines of the validation split (tiecli/measure/baselines.py)
     corpus: dict | None = None
     train_losses: list[tuple[int, float]] = field(default_factory=list)  # (step, logged mean train loss)
     grad_norms: list[tuple[int, float]] = field(default_factory=list)  # (step, global gradient norm before clipping)
@@ -336,7 +336,7 @@ def diagnostics(metrics: list[MetricsRow], entries: list[GeometryEntry]) -> dict
 
 def cancelled_fractions(means: dict) -> dict[str, float | None]:
     """R4 (cancellation) accumulated over training: 1 - sum |s_in + s_out| / sum (|s_in| + |s_out|) over the diag
-    steps (the per-step means' ratio, tiecli/cancellation.py), for the related pairs, the matched null, and the
+    steps (the per-step means' ratio, tiecli/measure/cancellation.py), for the related pairs, the matched null, and the
     excess, for the raw gradients (grad) and Adam's step (adam)."""
     out: dict[str, float | None] = {}
     for kind in ("grad", "adam"):

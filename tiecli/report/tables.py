@@ -177,7 +177,7 @@ def corpus_label(run: Run) -> str:
 
 def context_tables(groups: list[Group]) -> list[TableSpec]:
     """How far past count models the runs got: each corpus's unigram and bigram scores on the
-    validation split (tiecli/baselines.py, from summary.json), then each group's epochs and perplexity
+    validation split (tiecli/measure/baselines.py, from summary.json), then each group's epochs and perplexity
     against them."""
     corpora: dict[str, dict | None] = {}
     for g in groups:

@@ -9,7 +9,7 @@ runs/<name>/
   eval.json        full-split evaluations by split, from `tiecli train` and `tiecli eval`
   geometry.json    geometry of the token matrices, one entry per measured step
   trackers.json    with logger=[wandb]: the W&B run id, so a resumed run continues the same W&B run
-  tb/, wandb/      with logger=[...]: what TensorBoard and W&B write (see tiecli/trackers.py)
+  tb/, wandb/      with logger=[...]: what TensorBoard and W&B write (see tiecli/train/trackers.py)
   checkpoints/     last.pt (model, optimizer, RNG and data position), init.pt (token matrices at
                    step 0), emb/step_N.pt (token matrices at each geometry step), and with
                    train.keep_checkpoints, step_N.pt (earlier last.pt files, for sample/eval --step N)
@@ -30,7 +30,7 @@ either exists whole (config, overrides, summary, init checkpoint) or not at all.
               their typed validation
   reader.py   RunReader
   writer.py   RunWriter, which hands each record it writes to the listeners its caller attaches
-              (tiecli/trackers.py feeds TensorBoard and W&B that way)
+              (tiecli/train/trackers.py feeds TensorBoard and W&B that way)
 
 Storage imports nothing from tiecli but tiecli.errors: configs, trackers and sweeps sit above it.
 """

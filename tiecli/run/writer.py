@@ -36,7 +36,7 @@ from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
 
 
 class Listener(typing.Protocol):
-    """What a RunWriter hands each record to right after writing it (tiecli.trackers.Feed is one)."""
+    """What a RunWriter hands each record to right after writing it (tiecli.train.trackers.Feed is one)."""
 
     def written(self, kind: str, record: dict) -> None:
         """kind: "metrics", "eval", "geometry" or "summary"; record: the JSON object the file now holds."""
@@ -55,7 +55,7 @@ class RunWriter:
     existing one (resume, eval, geometry --write). DDP's rank-0 rule plugs in here.
 
     Each metrics row, evaluation, geometry entry and summary goes, right after it is written, to
-    the `listeners` the caller attached, in order (tiecli.trackers feeds TensorBoard and W&B so).
+    the `listeners` the caller attached, in order (tiecli.train.trackers feeds TensorBoard and W&B so).
     """
 
     def __init__(self, path: Path, lock: Lock, start_step: int = 0):

@@ -25,15 +25,15 @@ from rich.console import Console
 
 from tiecli.config.schema import Config, LauncherConfig
 from tiecli.formats import duration
-from tiecli.model import GPT, count_params
-from tiecli.optim import make_optimizer
+from tiecli.model.gpt import GPT, count_params
 from tiecli.run.layout import is_run_dir
 from tiecli.run.records import SweepManifest
-from tiecli.runtime import autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
+from tiecli.runtime.device import autocast_for, compile_step, pick_compile, pick_device, pick_dtype, use_threads
 from tiecli.sweep.launchers import SUBMITIT_FOLDER, sbatch_lines, slurm_parameters
 from tiecli.sweep.scheduler import Launch
 from tiecli.sweep.states import run_status
 from tiecli.sweep.status import progress, shown
+from tiecli.train.optim import make_optimizer
 
 BYTES_PER_PARAM = 4  # fp32 weights, also under bf16 autocast
 TIMED_STEPS = 3  # optimizer steps timed per size, fewer when they take longer than BUDGET_S
