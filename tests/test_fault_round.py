@@ -442,14 +442,21 @@ def test_a_run_killed_after_a_checkpoint_lists_the_step_it_resumes_from(isolated
     run = isolated / "runs" / "X"
     try:
         deadline = time.monotonic() + 240
-        while not (run / CHECKPOINT).is_file():
+        while True:
             assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
             time.sleep(0.05)
+            if not (run / CHECKPOINT).is_file():
+                continue
+            # frozen, so not killed in the moment between writing last.pt and summary.json's step
+            proc.send_signal(signal.SIGSTOP)
+            step = checkpoint.load(run / CHECKPOINT, "X")["state"]["step"]
+            if RunReader(run).summary().step == step:
+                break
+            proc.send_signal(signal.SIGCONT)
         proc.kill()  # kill -9: no handler runs, summary.json stays `running`
         proc.communicate(timeout=60)
     finally:
         proc.kill()
-    step = checkpoint.load(run / CHECKPOINT, "X")["state"]["step"]
     assert step >= 4 and RunReader(run).status() == "interrupted"
     result = tiecli("runs")
     assert result.exit_code == 0, result.output

@@ -53,7 +53,7 @@ def test_the_grid_is_the_product_of_the_axes_in_order(isolated):
 @pytest.mark.slow
 def test_studies_and_overrides_on_top(isolated):
     result = tiecli("sweep", "study=tying_vs_size", "--dry-run", "--no-estimate")
-    assert result.exit_code == 0 and result.output.startswith(
+    assert result.exit_code == 0 and result.stdout.startswith(
         "sweep 'tying_vs_size': 18 job(s), model (3) x tying (2) x seed (3)"
     )
     assert "runs/sweeps/tying_vs_size/nano-untied-bpe4096-shakespeare-s0" in result.output
@@ -396,8 +396,8 @@ def test_default_names_are_shell_safe_short_and_unique(isolated):
     assert re.fullmatch(r"tying-seed-[0-9a-f]{8}", names[6])  # too long to spell out
 
     result = tiecli("sweep", "tying=glob(*,exclude=untied_init)", "seed=range(0,3)", "--dry-run", "--no-estimate")
-    assert result.output.startswith(f"sweep '{names[6]}': 21 job(s)"), result.output
-    assert tiecli("sweep", "seed=range(0,2)", "--dry-run", "--no-estimate").output.startswith(
+    assert result.stdout.startswith(f"sweep '{names[6]}': 21 job(s)"), result.output
+    assert tiecli("sweep", "seed=range(0,2)", "--dry-run", "--no-estimate").stdout.startswith(
         "sweep 'seed-0-1': "
     )  # as seed=0,1
     for bad in ("x,seed=(0+1)", "two words", "a/b"):
