@@ -27,7 +27,7 @@ from tiecli.config.checks import to_config
 from tiecli.config.compose import compose
 from tiecli.config.schema import TrainConfig
 from tiecli.errors import ConfigError, Interrupted, TiecliError
-from tiecli.runtime import distributed
+from tiecli.runtime import distributed, launcher
 
 RUN = [
     "data=textfile",  # data.path: conftest's tiny.txt, by its absolute path (rank 1 runs in another folder)
@@ -268,19 +268,19 @@ def test_torchrun_passes_only_the_launch_config_fields_the_installed_torch_has(m
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torchrun sets it when unset
     monkeypatch.setattr(api, "LaunchConfig", LaunchConfig24)
     monkeypatch.setattr(api, "elastic_launch", elastic_launch)
-    assert distributed.torchrun(2, ["train", "seed=1"]) == 0
+    assert launcher.torchrun(2, ["train", "seed=1"]) == 0
     config, entrypoint, args = launched[0]
     assert isinstance(config, LaunchConfig24) and entrypoint == sys.executable
     assert (config.nproc_per_node, config.max_nodes, config.rdzv_backend, config.max_restarts) == (2, 1, "c10d", 0)
     assert args == ("-m", "tiecli", "train", "seed=1")
 
     # the installed torch's own LaunchConfig keeps every field it has
-    real = distributed.launch_config(real_config, min_nodes=1, max_nodes=1, nproc_per_node=2, nonsense=1)
+    real = launcher.launch_config(real_config, min_nodes=1, max_nodes=1, nproc_per_node=2, nonsense=1)
     fields = {f.name for f in dataclasses.fields(real_config)}
     assert isinstance(real, real_config) and real.nproc_per_node == 2
     if "shutdown_timeout" in fields:
         assert (
-            distributed.launch_config(
+            launcher.launch_config(
                 real_config, min_nodes=1, max_nodes=1, nproc_per_node=1, shutdown_timeout=7
             ).shutdown_timeout
             == 7
@@ -477,8 +477,8 @@ def test_gpu_check_resume_row_passes_under_torchrun_on_cpu(tmp_path, monkeypatch
 
 def test_a_rank_ended_by_a_stop_signal_is_interrupted_and_one_killed_is_not():
     with pytest.raises(Interrupted) as stopped:
-        distributed.failed_ranks({1: -signal.SIGTERM}, 2)
+        launcher.failed_ranks({1: -signal.SIGTERM}, 2)
     assert stopped.value.exit_code == 130 and "rank 1 of 2 was ended by SIGTERM" in str(stopped.value)
     with pytest.raises(TiecliError) as killed:
-        distributed.failed_ranks({0: -signal.SIGTERM, 1: -signal.SIGKILL}, 2)
+        launcher.failed_ranks({0: -signal.SIGTERM, 1: -signal.SIGKILL}, 2)
     assert not isinstance(killed.value, Interrupted) and killed.value.exit_code == 128 + signal.SIGKILL

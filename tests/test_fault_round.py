@@ -288,7 +288,7 @@ def test_a_malformed_study_file_is_one_line(isolated, text, message):
 
 
 def launcher_with(monkeypatch, outcome):
-    """distributed.torchrun with torch's elastic_launch replaced: `outcome(environ)` raises what the agent would."""
+    """launcher.torchrun with torch's elastic_launch replaced: `outcome(environ)` raises what the agent would."""
     import torch.distributed.launcher.api as api
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -316,34 +316,34 @@ def ranks_failed(**codes):
     ],
 )
 def test_the_launcher_names_the_rank_that_died(monkeypatch, codes, code, text):
-    from tiecli.runtime import distributed
+    from tiecli.runtime import launcher
 
     launcher_with(monkeypatch, lambda env: ranks_failed(**codes))
     with pytest.raises(TiecliError, match=re.escape(text)) as e:
-        distributed.torchrun(2, ["train"])
+        launcher.torchrun(2, ["train"])
     assert e.value.exit_code == code
     launcher_with(monkeypatch, lambda env: ranks_failed(r0=1, r1=-signal.SIGTERM))
-    assert distributed.torchrun(2, ["train"]) == 1  # rank 0 said why (its own error line)
+    assert launcher.torchrun(2, ["train"]) == 1  # rank 0 said why (its own error line)
 
 
 def test_a_stop_while_the_ranks_start_says_nothing_was_written(monkeypatch):
     """Before: exit 130 and no output at all when the ranks had not yet caught the signal."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from tiecli.runtime import distributed
+    from tiecli.runtime import launcher
 
     def stopped(env, said: bool):
         if said:  # a rank that caught the stop printed its line and said so
-            Path(env[distributed.STOP_SAID]).touch()
+            Path(env[launcher.STOP_SAID]).touch()
         raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
 
     launcher_with(monkeypatch, lambda env: stopped(env, said=False))
     with pytest.raises(TiecliError, match="^interrupted before the run started; nothing was written$") as e:
-        distributed.torchrun(2, ["train"])
+        launcher.torchrun(2, ["train"])
     assert e.value.exit_code == 130
     launcher_with(monkeypatch, lambda env: stopped(env, said=True))
-    assert distributed.torchrun(2, ["train"]) == 130  # and the launcher adds no line to the rank's
-    assert distributed.STOP_SAID not in os.environ
+    assert launcher.torchrun(2, ["train"]) == 130  # and the launcher adds no line to the rank's
+    assert launcher.STOP_SAID not in os.environ
 
 
 def ranks_of(pid: int) -> dict[int, int]:

@@ -99,10 +99,10 @@ def train_and_show(
     overrides = list(overrides or [])
     with user_errors():
         from tiecli.commands import launch
-        from tiecli.runtime import distributed
+        from tiecli.runtime import launcher
 
         runs_dir, name = launch.run_place(overrides, resume, runs_dir, name, multirun)
-        if nproc is not None and not distributed.launched():  # check everything once, then start the ranks
+        if nproc is not None and not launcher.launched():  # check everything once, then start the ranks
             raise typer.Exit(launch.start_ranks(overrides, runs_dir, name, resume, config_dir, nproc))
         trained = launch.plan_and_train(overrides, runs_dir, name, resume, config_dir, nproc)
         if trained is not None:  # rank 0 reports

@@ -26,7 +26,7 @@ from tiecli.run.layout import CONFIG, INIT_CHECKPOINT, OVERRIDES, SNAPSHOTS, SUM
 from tiecli.run.reader import RunReader
 from tiecli.run.records import EvalResult, GeometryEntry, Summary, parse_record
 from tiecli.run.writer import discard_unstarted
-from tiecli.runtime import distributed
+from tiecli.runtime import distributed, launcher
 from tiecli.runtime.device import autocast_for, pick_device, pick_dtype
 from tiecli.train import resume as resuming
 from tiecli.train import trackers
@@ -56,7 +56,7 @@ def start_ranks(
     distributed.rank_shape(to_config(cfg).train, nproc)
     args = [*overrides, "--runs-dir", str(runs_dir), *(["--name", name] if name else [])]
     args += [*(["--resume"] if resume else []), *(["--config-dir", str(config_dir)] if config_dir else [])]
-    return distributed.torchrun(nproc, ["train", *args])
+    return launcher.torchrun(nproc, ["train", *args])
 
 
 def plan_run(overrides: list[str], runs_dir: Path, name: str | None, resume: bool, config_dir: Path | None, world: int):
@@ -93,7 +93,7 @@ def run_training(run_config, path: Path, resume: bool, files, config_dir: Path |
     try:
         return train(run_config, path, resume, files)
     except Interrupted as e:
-        distributed.said_stop()  # rank 0 prints the line: --nproc's launcher adds none
+        launcher.said_stop()  # rank 0 prints the line: --nproc's launcher adds none
         if is_run_dir(path) and distributed.is_rank0():
             raise Interrupted(f"{e}\nresume with: {resume_command(path, config_dir)}") from None
         raise

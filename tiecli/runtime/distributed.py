@@ -13,38 +13,28 @@ see different data, and a run on N processes trains on exactly the batches of th
 so both reach the same losses up to floating-point noise.
 
 Rank 0 alone plans the run, writes the run directory and evaluates; the others train in step.
+Starting the ranks (`--nproc`) and turning a signal into one clean stop is launcher.py's.
 """
 
 import contextlib
-import dataclasses
 import datetime
-import logging
 import os
 import re
-import shutil
-import signal
-import sys
-import tempfile
-import threading
-import time
-import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from tiecli.config.schema import TrainConfig
-from tiecli.errors import ConfigError, Interrupted, TiecliError
+from tiecli.errors import ConfigError, TiecliError
 from tiecli.model.gpt import Embeddings
-from tiecli.runtime.device import affinity
+from tiecli.runtime.launcher import launched, stop_with_launcher
 
 # How long a rank waits in a collective before giving up: long enough for rank 0's final
 # evaluation of a whole split while the others wait; a rank that dies is noticed at once anyway
 # (its sockets close). TIECLI_DIST_TIMEOUT (seconds) changes it.
 TIMEOUT_S = 1800
-SHUTDOWN_S = 300  # how long --nproc's launcher waits for the ranks to checkpoint after a signal
 PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL", "Timed out")
 # Of those, the words that say a peer went away; any other NCCL error (a bad GPU, an illegal memory access,
 # a misconfigured network) is reported as what it is, not as a lost rank.
@@ -53,141 +43,6 @@ LOST_PEER = ("closed by peer", "reset by peer", "Timed out", "timed out", "Timeo
 
 class PeerLost(TiecliError):
     """A collective failed: another rank died, or stayed away past the timeout."""
-
-
-def launched() -> bool:
-    """Whether torchrun (or another launcher setting its variables) started this process."""
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
-
-
-def torchrun(nproc: int, args: list[str]) -> int:
-    """Run `tiecli ARGS` on nproc local processes and wait; their exit code (130 after a stop).
-
-    torchrun's own launcher (`torchrun --standalone`), called in this process, which then acts as
-    its agent: Ctrl-C, SIGTERM or a cluster's SIGUSR2 here is handed to every rank, and the ranks
-    stop after the same step; it waits SHUTDOWN_S for their checkpoint before it kills them. Its
-    failure reports are left out: the ranks have said what went wrong. Like torchrun, it shares
-    the CPU threads out among the ranks unless OMP_NUM_THREADS is set.
-    """
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    for name in list(logging.Logger.manager.loggerDict):
-        if name.startswith("torch.distributed.elastic"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(affinity()) // nproc)))  # the allocation's cores
-    config = launch_config(
-        LaunchConfig,
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        signals_to_handle="SIGTERM,SIGUSR2",  # and SIGINT, below
-        shutdown_timeout=SHUTDOWN_S,
-    )
-    said = Path(tempfile.mkdtemp(prefix="tiecli-ranks-")) / "stop-said"
-    os.environ[STOP_SAID] = str(said)  # the ranks inherit it
-
-    def interrupt(signum, frame):  # Ctrl-C reaches the ranks as SIGTERM: the same stop, but a rank still
-        # starting Python ends silently rather than in a "Fatal Python error" with a KeyboardInterrupt traceback
-        raise SignalException(f"Process {os.getpid()} got signal: SIGINT", sigval=signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGINT, interrupt)
-    try:
-        elastic_launch(config, sys.executable)("-m", "tiecli", *args)
-    except SignalException:
-        if said.exists():  # a rank caught the stop and said what it kept
-            return 130
-        # the ranks were still starting (imports, the process group): the signal ended them before
-        # they could catch it, and before anything of the run was written
-        raise stopped_while_starting() from None
-    except ChildFailedError as e:
-        return failed_ranks({rank: f.exitcode for rank, f in e.failures.items()}, nproc)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        os.environ.pop(STOP_SAID, None)
-        shutil.rmtree(said.parent, ignore_errors=True)
-    return 0
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)  # what train.StopFlag turns into a clean stop
-STOP_SAID = "TIECLI_STOP_SAID"  # under --nproc: the file a rank makes once it has said why it stopped (said_stop)
-
-
-def said_stop() -> None:
-    """Tell --nproc's launcher that this rank printed its stop line, so that it prints none of its own."""
-    if os.environ.get(STOP_SAID):
-        with contextlib.suppress(OSError):
-            Path(os.environ[STOP_SAID]).touch()
-
-
-def stop_with_launcher() -> None:
-    """SIGTERM to this rank when its launcher (torchrun's agent, or --nproc's process) dies, even by
-    kill -9: the rank then checkpoints and stops like any stopped run rather than train on as an
-    orphan that holds the run's lock. A watching thread, not PR_SET_PDEATHSIG, which fires when the
-    agent's thread that started the rank ends, not the agent."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="tiecli-launcher-watch", daemon=True).start()
-
-
-def stopped_while_starting() -> Interrupted:
-    return Interrupted("interrupted before the run started; nothing was written")
-
-
-def failed_ranks(codes: dict[int, int], nproc: int) -> int:
-    """The exit code of `--nproc` when ranks failed (codes: each failed rank's; -N: ended by signal N).
-
-    A rank ended by a signal that is not a stop (SIGKILL, a crash) is the cause: the agent then stops
-    the others with SIGTERM, and those show up here too, so it is named, and the exit is 128 + N. Else a
-    rank's own exit code (it printed why); else the first rank ended by a stop signal, exit 130."""
-    codes = dict(sorted(codes.items()))
-    killed = next((rank for rank, code in codes.items() if code < 0 and -code not in STOP_SIGNALS), None)
-    if killed is not None:
-        raise killed_by_signal(killed, nproc, -codes[killed])
-    code = next((code for code in codes.values() if code > 0), None)
-    if code is None:  # every failed rank was ended by a stop signal, so none could say what happened
-        first = next(iter(codes))
-        raise killed_by_signal(first, nproc, -codes[first])
-    return code
-
-
-def killed_by_signal(rank: int, nproc: int, signum: int) -> TiecliError:
-    """The one line for a rank that a signal ended before it could say anything: a stop signal that
-    came while it was starting (imports, the process group, planning) or finishing, or a SIGKILL.
-    Exit code 130 for a stop signal, as for any interrupted run; else 128 + the signal's number."""
-    name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
-    why = "kill -9 or the out-of-memory killer" if signum == signal.SIGKILL else "before it could catch it"
-    line = (
-        f"rank {rank} of {nproc} was ended by {name} ({why}); what the run had saved is kept: "
-        "run the same command again, with --resume if the run exists"
-    )
-    if signum in STOP_SIGNALS:
-        return Interrupted(line)
-    error = TiecliError(line)
-    error.exit_code = 128 + signum
-    return error
-
-
-def launch_config(cls: type, **wanted: Any) -> Any:
-    """cls(**wanted) with only the fields this torch's LaunchConfig has (cls: that dataclass).
-
-    LaunchConfig gains fields across releases: signals_to_handle (SIGUSR2 passed on to the ranks)
-    came in torch 2.9, shutdown_timeout later; torch 2.4-2.8 would raise a TypeError on them. An
-    older torch's agent then handles its own default signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT)
-    and stops the ranks after its own grace period.
-    """
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{key: value for key, value in wanted.items() if key in known})
 
 
 def world_size() -> int:

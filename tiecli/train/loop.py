@@ -26,6 +26,7 @@ from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary, p
 from tiecli.run.writer import RunWriter
 from tiecli.runtime import distributed
 from tiecli.runtime.device import full_fp32, peak_memory, synchronize
+from tiecli.runtime.launcher import launched
 from tiecli.train.optim import lr_at, untie, untie_step
 from tiecli.train.prepare import Setup, set_up
 from tiecli.train.runstate import TrainState, finish, mean_loss, open_on_ranks, run_threads, save_checkpoint
@@ -52,7 +53,7 @@ class StopFlag:
 
     def handle(self, signum, frame) -> None:
         self.requested = True
-        if signum == signal.SIGINT and not distributed.launched():  # torchrun passes a Ctrl-C on: a second one
+        if signum == signal.SIGINT and not launched():  # torchrun passes a Ctrl-C on: a second one
             signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def check(self) -> None:
