@@ -1,11 +1,14 @@
-"""report/load.py: a malformed run file is skipped with its reason; a coding error is not mistaken for one."""
+"""report/load.py: a malformed run file is skipped with its reason; a coding error is not mistaken for one; an
+older run reads a key added since at the value it ran with."""
 
 import json
 
 import pytest
+import yaml
 from helpers import write_run
 
 from tiecli.report import load
+from tiecli.report.groups import group_runs
 
 
 def edit_summary(run, change):
@@ -42,3 +45,21 @@ def test_a_coding_error_while_reading_a_run_propagates(tmp_path, monkeypatch, er
     monkeypatch.setattr(load, "diagnostics", broken)
     with pytest.raises(error, match="a bug in the report"):
         load.load_runs([tmp_path])
+
+
+def test_a_run_written_before_a_key_existed_groups_with_one_that_states_its_old_value(tmp_path):
+    """eval.max_seconds is absent from an older run's config and null (no time bound, as before) in a newer one:
+    one group; a run with a time bound is another."""
+    old = write_run(tmp_path / "old", "nano", "tied", 0)
+    new = write_run(tmp_path / "new", "nano", "tied", 1)
+    bounded = write_run(tmp_path / "bounded", "nano", "tied", 2)
+    for run, value in ((new, None), (bounded, 60.0)):
+        path = run / "config.yaml"
+        config = yaml.safe_load(path.read_text())
+        config["eval"]["max_seconds"] = value
+        path.write_text(yaml.safe_dump(config))
+    assert "max_seconds" not in yaml.safe_load((old / "config.yaml").read_text())["eval"]
+    runs, skipped = load.load_runs([tmp_path])
+    assert skipped == []
+    groups, _ = group_runs(runs)
+    assert sorted(sorted(r.seed for r in g.runs) for g in groups) == [[0, 1], [2]]

@@ -16,7 +16,7 @@ from tiecli.errors import TiecliError
 from tiecli.run.files import FormatError
 from tiecli.run.layout import CONFIG, METRICS, SUMMARY, is_run_dir
 from tiecli.run.reader import RunReader
-from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, flatten
+from tiecli.run.records import ADDED, EvalResult, GeometryEntry, MetricsRow, flatten
 
 PARAM_KEYS = (
     "input_embedding",
@@ -27,11 +27,14 @@ PARAM_KEYS = (
     "total",
 )  # summary.json params
 # Keys conf/ gained after runs were written, with the tying choices whose files have them (None: every choice) and
-# the value at which a run trains as those older runs did: an older run reads that value, so the two group together.
+# the value at which a run trains (or is evaluated) as those older runs were: an older run reads that value, so the
+# two group together (records.ADDED's keys too: docs_ladder's seed-0 runs, written before eval.max_seconds existed,
+# and its later jobs, which pin eval.max_seconds=null, are one group).
 ADDED_SETTINGS = {
     "model.embedding_norm": (None, False),
     "tying.embedding_std": (("untied",), None),
     "tying.output_std": (("untied",), None),
+    **{key: (None, value) for key, value in ADDED.items()},
 }
 # Diagnostics each run contributes: gradient statistics (metrics.jsonl diag keys) averaged over training,
 # then geometry at the last geometry.json entry: KEY_input and KEY_output of each side, and the agreement
