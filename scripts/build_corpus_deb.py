@@ -190,8 +190,17 @@ def deb_file(folder: Path, package: Package) -> Path:
 
 
 def download(folder: Path, packages: list[Package]) -> None:
+    """apt-get download the pinned versions; apt-get's own errors above, then one line saying what to do."""
     pins = [f"{p[0]}={p[1]}" for p in packages]
-    subprocess.run(["apt-get", "download", *pins], cwd=folder, check=True)
+    try:
+        subprocess.run(["apt-get", "download", *pins], cwd=folder, check=True)
+    except FileNotFoundError:
+        sys.exit("apt-get is not on this machine: download the pinned .deb files elsewhere and pass --debs FOLDER")
+    except subprocess.CalledProcessError as e:
+        sys.exit(
+            f"apt-get download of {len(pins)} pinned packages failed (exit {e.returncode}): a stale package list "
+            "cannot find the pins, so run `apt-get update` first, or pass --debs FOLDER holding the .deb files"
+        )
 
 
 def check_sha256(deb: Path, package: Package) -> None:

@@ -5,6 +5,7 @@ import collections
 import hashlib
 import importlib.util
 import io
+import re
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,3 +131,19 @@ def test_pairs_are_a_lemma_with_its_frequent_forms_seen_in_the_corpus(monkeypatc
     pairs = pairs_ru.build_pairs(counts, morph)
     # the article's pairs first (кошка/кошки only once); кошке is too rare, лес has no other form seen, и is no content word
     assert pairs == [*pairs_ru.ARTICLE_PAIRS, ("кошка", "кошку")]
+
+
+@pytest.mark.parametrize(
+    "apt_get, text",
+    [("exit 100", "run `apt-get update` first"), (None, "apt-get is not on this machine")],
+)
+def test_a_failed_download_is_one_line_saying_what_to_do(tmp_path, monkeypatch, apt_get, text):
+    """apt-get failing (a stale package list) or missing exits with a line naming the fix, not a traceback."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if apt_get:
+        (bin_dir / "apt-get").write_text(f"#!/bin/sh\n{apt_get}\n")
+        (bin_dir / "apt-get").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(SystemExit, match=re.escape(text)):
+        deb.download(tmp_path, deb.PACKAGES["docs_en"])
