@@ -46,3 +46,18 @@ def test_pack_keeps_what_the_report_reads_and_leaves_rows_out_only_when_asked(tm
     assert (f"{run}/rows.npz" in names) is not without_rows
     assert metrics["loss"] == 5.123457 and evals["loss"] == 5.123456789012
     assert not (study / "runs.tar.xz.partial").exists()
+
+
+def test_slim_writes_the_same_results_json_without_indentation_and_names_the_figures(tmp_path):
+    study = tmp_path / "study"
+    study.mkdir()
+    results = {"select": ["train.lr"], "claims": [{"claim": "C6", "measured": "Δloss 0.116"}]}
+    (study / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    (study / "report.md").write_text("# tiecli report\n\n![Validation loss](val_loss.png)\n")
+    (study / "val_loss.png").write_bytes(b"png")
+    (study / "report.html").write_text("<html></html>")
+    script().slim(study)
+    text = (study / "results.json").read_text()
+    assert json.loads(text) == results and "\n " not in text and "Δ" in text
+    assert sorted(p.name for p in study.iterdir()) == ["report.md", "results.json"]
+    assert "Figure `val_loss.png` (Validation loss): not committed" in (study / "report.md").read_text()
