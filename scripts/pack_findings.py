@@ -1,4 +1,4 @@
-# python scripts/pack_findings.py pack|rerender|slim docs/findings/STUDY ...   (commit a study's findings, compactly)
+# python scripts/pack_findings.py pack|unpack|rerender|slim docs/findings/STUDY ...   (commit a study's findings, compactly)
 """Commit a study's findings within the repository's size budget (tests/test_repo_size.py).
 
 A study folder under docs/findings/ holds what a reader and `tiecli report` need: report.md,
@@ -12,7 +12,10 @@ eval.json and summary.json, where the verdicts' losses come from, are kept exact
 
     pack STUDY SWEEP...   compact SWEEP's runs into STUDY/runs.tar.xz, then rerender; --without-rows leaves out
                           rows.npz (claim L1's rows, 64-256 KiB a run that does not compress) where the study's
-                          report cannot read L1 anyway (its selected runs predate rows.npz)
+                          report cannot read L1 anyway (its selected runs predate rows.npz); --borrow LENDER
+                          (another study's folder, repeatable) leaves out each run folder or sweep.json that
+                          LENDER's runs.tar.xz already holds byte for byte, and lists it in STUDY/borrowed.json
+    unpack STUDY DEST     STUDY's runs into DEST: its runs.tar.xz, then what borrowed.json takes from each lender's
     rerender STUDY        report the committed runs.tar.xz again, with the --select its results.json
                           records, into report.md, results.csv and results.json; then slim
     slim STUDY            drop report.html and the PNGs; report.md names each figure instead of showing it;
@@ -32,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 SIGNIFICANT = 7
+BORROWED = "borrowed.json"  # {lender study: [member paths, each a run folder or a sweep.json]}
 SKIPPED = ("checkpoints", ".lock", "report")  # a sweep's own report/ folder is made again, not kept
 FIGURE = re.compile(r"^!\[(?P<title>[^\]]*)\]\((?P<file>[^)\s]+\.png)\)$", re.MULTILINE)
 
@@ -61,27 +65,88 @@ def compact_run_files(root: Path) -> None:
         path.write_text(json.dumps(geometry) + "\n")
 
 
-def pack(study: Path, sweeps: list[Path], without_rows: bool = False) -> None:
+def pack(study: Path, sweeps: list[Path], without_rows: bool = False, lenders: tuple[Path, ...] = ()) -> None:
     """Copy each sweep (relative to the current folder, e.g. runs/sweeps/NAME) without checkpoints (and without
-    rows.npz if asked), compact it, and write study/runs.tar.xz atomically."""
+    rows.npz if asked), compact it, leave out what a lender holds identically, and write study/runs.tar.xz and
+    study/borrowed.json atomically."""
     skipped = (*SKIPPED, "rows.npz") if without_rows else SKIPPED
     with tempfile.TemporaryDirectory() as tmp:
         for sweep in sweeps:
             shutil.copytree(sweep, Path(tmp) / sweep, ignore=shutil.ignore_patterns(*skipped))
         compact_run_files(Path(tmp))
+        borrowed = {lender.name: borrowable(Path(tmp), sweeps, lender) for lender in lenders}
+        borrowed = {name: paths for name, paths in borrowed.items() if paths}
+        for paths in borrowed.values():
+            for member in paths:
+                target = Path(tmp) / member
+                shutil.rmtree(target) if target.is_dir() else target.unlink()
         partial = study / "runs.tar.xz.partial"
         with tarfile.open(partial, "w:xz", preset=9) as tar:
             for sweep in sweeps:
                 tar.add(Path(tmp) / sweep, arcname=str(sweep))
-        partial.replace(study / "runs.tar.xz")
+        write_atomically(study / BORROWED, json.dumps(borrowed, indent=1) + "\n" if borrowed else None)
+        if any(p.is_file() for sweep in sweeps for p in (Path(tmp) / sweep).rglob("*")):
+            partial.replace(study / "runs.tar.xz")
+        else:  # every file borrowed: borrowed.json alone names the runs
+            partial.unlink()
+            (study / "runs.tar.xz").unlink(missing_ok=True)
+
+
+def archive_files(archive: Path) -> dict[str, bytes]:
+    """Every regular file in a runs.tar.xz, by its member name."""
+    with tarfile.open(archive) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def borrowable(root: Path, sweeps: list[Path], lender: Path) -> list[str]:
+    """The sweep.json files and run folders under root/sweeps that lender's runs.tar.xz holds byte for byte
+    (a folder only when its files are exactly the lender's, none more, none fewer)."""
+    held = archive_files(lender / "runs.tar.xz")
+    found = []
+    for sweep in sweeps:
+        for entry in sorted((root / sweep).iterdir()):
+            member = str(entry.relative_to(root))
+            ours = {
+                str(p.relative_to(root)): p for p in ([entry] if entry.is_file() else entry.rglob("*")) if p.is_file()
+            }
+            theirs = [n for n in held if n == member or n.startswith(member + "/")]
+            if ours and sorted(ours) == sorted(theirs) and all(held[n] == p.read_bytes() for n, p in ours.items()):
+                found.append(member)
+    return found
+
+
+def unpack(study: Path, dest: Path) -> None:
+    """Extract study/runs.tar.xz into dest, then each member borrowed.json names from its lender's runs.tar.xz
+    (a sibling folder of study); a member the lender no longer holds is an error naming both."""
+    if (study / "runs.tar.xz").is_file():
+        with tarfile.open(study / "runs.tar.xz") as tar:
+            tar.extractall(dest, filter="data")
+    lent = json.loads((study / BORROWED).read_text()) if (study / BORROWED).is_file() else {}
+    for lender, paths in lent.items():
+        with tarfile.open(study.parent / lender / "runs.tar.xz") as tar:
+            members = tar.getmembers()
+            for member in paths:
+                taken = [m for m in members if m.name == member or m.name.startswith(member + "/")]
+                if not taken:
+                    raise SystemExit(f"{study / BORROWED}: {member} is not in {lender}/runs.tar.xz any more")
+                tar.extractall(dest, members=taken, filter="data")
+
+
+def write_atomically(path: Path, text: str | None) -> None:
+    """path's new text through a partial file; None removes path."""
+    if text is None:
+        path.unlink(missing_ok=True)
+        return
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def rerender(study: Path) -> None:
-    """`tiecli report` on every sweep folder in study/runs.tar.xz, as tests/test_findings.py does."""
+    """`tiecli report` on every sweep folder of study's runs (unpack), as tests/test_findings.py does."""
     select = json.loads((study / "results.json").read_text())["select"]
     with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(study / "runs.tar.xz") as tar:
-            tar.extractall(tmp, filter="data")
+        unpack(study, Path(tmp))
         sweeps = sorted(str(p.parent.relative_to(tmp)) for p in Path(tmp).glob("runs/sweeps/*/sweep.json"))
         args = [*sweeps, *[a for key in select for a in ("--select", key)], "--out", "again"]
         subprocess.run(
@@ -100,9 +165,7 @@ def slim(study: Path) -> None:
     results = study / "results.json"
     if results.is_file():
         compact = json.dumps(json.loads(results.read_text()), ensure_ascii=False, separators=(",", ":"))
-        partial = results.with_name(results.name + ".partial")
-        partial.write_text(compact + "\n")
-        partial.replace(results)
+        write_atomically(results, compact + "\n")
     page = study / "report.md"
     text = FIGURE.sub(
         r"Figure `\g<file>` (\g<title>): not committed; `tiecli report` draws it from the runs.", page.read_text()
@@ -112,18 +175,30 @@ def slim(study: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=("pack", "rerender", "slim"))
+    parser.add_argument("action", choices=("pack", "unpack", "rerender", "slim"))
     parser.add_argument("study", type=Path, help="docs/findings/STUDY")
-    parser.add_argument("sweeps", nargs="*", type=Path, help="pack: the sweep folders to keep, e.g. runs/sweeps/NAME")
+    parser.add_argument(
+        "sweeps", nargs="*", type=Path, help="pack: the sweep folders to keep, e.g. runs/sweeps/NAME; unpack: DEST"
+    )
     parser.add_argument("--without-rows", action="store_true", help="pack: leave out each run's rows.npz (claim L1)")
+    parser.add_argument(
+        "--borrow", action="append", type=Path, default=[], help="pack: a lender's folder, docs/findings/OTHER"
+    )
     args = parser.parse_args()
     if not args.study.is_dir():
         parser.error(f"{args.study}: not a folder (a study's folder under docs/findings/)")
     if args.action == "pack":
         if not args.sweeps:
             parser.error("pack needs the sweep folders to keep (e.g. runs/sweeps/NAME)")
-        pack(args.study, args.sweeps, args.without_rows)
+        missing = [lender for lender in args.borrow if not (lender / "runs.tar.xz").is_file()]
+        if missing:
+            parser.error(f"--borrow {missing[0]}: no runs.tar.xz there (a lender is a study folder with its runs)")
+        pack(args.study, args.sweeps, args.without_rows, tuple(args.borrow))
         rerender(args.study)
+    elif args.action == "unpack":
+        if len(args.sweeps) != 1:
+            parser.error("unpack needs one destination folder (e.g. .)")
+        unpack(args.study, args.sweeps[0])
     elif args.action == "rerender":
         rerender(args.study)
     else:
