@@ -209,6 +209,16 @@ def test_distance_between_the_spaces():
     assert geometry.agreement(torch.zeros_like(W), W, counts)["distance"] is None
 
 
+def test_a_zero_matrix_agrees_in_nothing_but_distance():
+    """The field's zero-initialised output matrix at step 0: cosines, neighbours and CKA (0/0) are undefined, so
+    None, not NaN or a number a mean over seeds would take in; the distance to it is still |W_in|/|W_in| = 1."""
+    W = gaussian(8)
+    a = geometry.agreement(W, torch.zeros_like(W), ones(), k=10, n_queries=300, seed=0)
+    assert a["distance"] == pytest.approx(1.0)
+    assert [a[key] for key in ("row_cosine", "knn_overlap", "cka")] == [None, None, None]
+    assert geometry.agreement(torch.zeros_like(W), W, ones())["cka"] is None
+
+
 def test_cka_ignores_rotation_and_sees_independence():
     W = gaussian(9)
     Q, _ = torch.linalg.qr(gaussian(10, n=C))  # (C, C) orthogonal

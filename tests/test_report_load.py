@@ -5,7 +5,7 @@ import json
 
 import pytest
 import yaml
-from helpers import write_run
+from helpers import tiecli, write_run
 
 from tiecli.report import load
 from tiecli.report.groups import group_runs
@@ -63,3 +63,22 @@ def test_a_run_written_before_a_key_existed_groups_with_one_that_states_its_old_
     assert skipped == []
     groups, _ = group_runs(runs)
     assert sorted(sorted(r.seed for r in g.runs) for g in groups) == [[0, 1], [2]]
+
+
+def test_a_nan_the_geometry_wrote_for_an_undefined_value_reads_as_not_measured(tmp_path):
+    """Runs with a zero-initialised output matrix wrote the step-0 CKA of the zero matrix as NaN (before the
+    geometry wrote None): the report reads it as not measured, so the group's mean is over the other seeds."""
+    runs = [write_run(tmp_path / f"r{seed}", "nano", "untied", seed) for seed in (0, 1, 2)]
+    path = runs[0] / "geometry.json"
+    geometry = json.loads(path.read_text())
+    geometry["entries"][0]["agreement"]["cka"] = float("nan")
+    path.write_text(json.dumps(geometry))
+    loaded, skipped = load.load_runs([tmp_path])
+    assert skipped == []
+    by_seed = {r.seed: r for r in loaded}
+    assert by_seed[0].diag["cka_init"] is None
+    assert all(isinstance(by_seed[s].diag["cka_init"], float) for s in (1, 2))
+    for seed in (0, 1, 2):
+        write_run(tmp_path / f"t{seed}", "nano", "tied", seed)
+    result = tiecli("report", str(tmp_path), "--out", str(tmp_path / "report"))
+    assert result.exit_code == 0, result.output  # a NaN here once ended the report in a traceback

@@ -213,6 +213,21 @@ def _knn(unit: torch.Tensor, queries: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _agreement(rows_in: Rows, rows_out: Rows, k: int, n_queries: int, seed: int) -> Metrics:
+    # per-row sums of C squares are exact enough in float32; the totals are float64
+    apart = (rows_in.x - rows_out.x).pow(2).sum(1).sum(dtype=torch.float64).item()
+    size = rows_in.x.pow(2).sum(1).sum(dtype=torch.float64).item()
+    distance = math.sqrt(apart / size) if size > 0 else None
+    if size == 0 or rows_out.x.pow(2).sum(dtype=torch.float64).item() == 0:
+        # a zero matrix (the field's zero-initialised output matrix at step 0) has no directions: cosines,
+        # neighbours and CKA (0/0) are undefined, not 0 or NaN
+        return {
+            "row_cosine": None,
+            "distance": distance,
+            "knn_overlap": None,
+            "knn_k": None,
+            "knn_queries": None,
+            "cka": None,
+        }
     row_cos = (rows_in.unit * rows_out.unit).sum(1, dtype=torch.float64).mean().item()
 
     k = min(k, rows_in.n - 1)
@@ -225,17 +240,14 @@ def _agreement(rows_in: Rows, rows_out: Rows, k: int, n_queries: int, seed: int)
     # Linear CKA on column-centred X, Y: |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F), with
     # Y_c^T X_c = Y^T X - n mean_y mean_x^T so only the cross product needs a pass over rows.
     cross = gram64(rows_out.x, rows_in.x) - rows_in.n * torch.outer(rows_out.mean, rows_in.mean)
-    cka = cross.square().sum() / (rows_in.centred_gram.norm() * rows_out.centred_gram.norm())
-    # per-row sums of C squares are exact enough in float32; the totals are float64
-    apart = (rows_in.x - rows_out.x).pow(2).sum(1).sum(dtype=torch.float64).item()
-    size = rows_in.x.pow(2).sum(1).sum(dtype=torch.float64).item()
+    scale = (rows_in.centred_gram.norm() * rows_out.centred_gram.norm()).item()
     return {
         "row_cosine": row_cos,
-        "distance": math.sqrt(apart / size) if size > 0 else None,
+        "distance": distance,
         "knn_overlap": shared / (len(queries) * k),
         "knn_k": k,
         "knn_queries": len(queries),
-        "cka": cka.item(),
+        "cka": cross.square().sum().item() / scale if scale > 0 else None,  # None: a matrix with equal rows
     }
 
 
@@ -256,6 +268,8 @@ def agreement(
       |Y^T X|_F^2 / (|X^T X|_F |Y^T Y|_F); 1 for spaces equal up to rotation and scale;
     - distance: |W_in - W_out|_F / |W_in|_F over the occurring rows (0 when the matrices are
       equal, as in a tied model; None when W_in is all zero).
+    With either matrix all zero over those rows (a zero-initialised output matrix at step 0) only the
+    distance is defined; the rest are None.
     Keys: n_tokens, row_cosine, distance, knn_overlap, knn_k, knn_queries, cka."""
     idx = occurring(counts)
     result = _agreement(Rows(W_in, idx), Rows(W_out, idx), k, n_queries, seed)

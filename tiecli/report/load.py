@@ -326,15 +326,21 @@ def diagnostics(metrics: list[MetricsRow], entries: list[GeometryEntry]) -> dict
     last = entries[-1] if entries else None
     for side in ("input", "output"):
         measured = getattr(last, side) if last else {}
-        out |= {f"{key}_{side}": measured.get(key) for key in SIDE_DIAG}
+        out |= {f"{key}_{side}": _measured(measured.get(key)) for key in SIDE_DIAG}
     out |= cancelled_fractions(out)
     agreement = (last.agreement if last else None) or {}
     start = (entries[0].agreement if entries and entries[0].step == 0 else None) or {}
     return (
         out
-        | {key: agreement.get(key) for key in AGREEMENT_DIAG}
-        | {f"{key}_init": start.get(key) for key in AGREEMENT_DIAG}
+        | {key: _measured(agreement.get(key)) for key in AGREEMENT_DIAG}
+        | {f"{key}_init": _measured(start.get(key)) for key in AGREEMENT_DIAG}
     )
+
+
+def _measured(value):
+    """A geometry value, None where it was undefined: runs before 2026-12-06 wrote the CKA of a zero matrix (a
+    zero-initialised output matrix at step 0) as NaN, which would make every mean over seeds NaN."""
+    return None if _number(value) and not math.isfinite(value) else value
 
 
 def cancelled_fractions(means: dict) -> dict[str, float | None]:
