@@ -15,8 +15,9 @@ eval.json and summary.json, where the verdicts' losses come from, are kept exact
                           report cannot read L1 anyway (its selected runs predate rows.npz); --borrow LENDER
                           (another study's folder, repeatable) leaves out each run folder or sweep.json that
                           LENDER's runs.tar.xz already holds byte for byte, and lists it in STUDY/borrowed.json
-    unpack STUDY DEST     STUDY's runs into DEST: its runs.tar.xz, then what borrowed.json takes from each lender's
-    rerender STUDY        report the committed runs.tar.xz again, with the --select its results.json
+    unpack STUDY DEST     STUDY's runs into DEST: its runs.tar.xz, then the runs its borrowed.json names, each from
+                          its lender's runs.tar.xz
+    rerender STUDY        report the committed runs (unpack) again, with the --select its results.json
                           records, into report.md, results.csv and results.json; then slim
     slim STUDY            drop report.html and the PNGs; report.md names each figure instead of showing it;
                           results.json without its indentation (the same JSON, a fifth smaller)
@@ -79,7 +80,10 @@ def pack(study: Path, sweeps: list[Path], without_rows: bool = False, lenders: t
         for paths in borrowed.values():
             for member in paths:
                 target = Path(tmp) / member
-                shutil.rmtree(target) if target.is_dir() else target.unlink()
+                if target.is_dir():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
         partial = study / "runs.tar.xz.partial"
         with tarfile.open(partial, "w:xz", preset=9) as tar:
             for sweep in sweeps:
@@ -123,6 +127,8 @@ def unpack(study: Path, dest: Path) -> None:
             tar.extractall(dest, filter="data")
     lent = json.loads((study / BORROWED).read_text()) if (study / BORROWED).is_file() else {}
     for lender, paths in lent.items():
+        if not (study.parent / lender / "runs.tar.xz").is_file():
+            raise SystemExit(f"{study / BORROWED}: its lender {lender} has no runs.tar.xz beside it")
         with tarfile.open(study.parent / lender / "runs.tar.xz") as tar:
             members = tar.getmembers()
             for member in paths:
