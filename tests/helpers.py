@@ -3,11 +3,13 @@ synthetic run directories (written through RunWriter, whose numbers are known in
 the statistics the report tests check them against, computed here independently of tiecli.report."""
 
 import dataclasses
+import importlib.util
 import json
 import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,6 +22,15 @@ from tiecli.run.records import EvalResult, GeometryEntry, MetricsRow, Summary
 from tiecli.run.writer import RunWriter
 
 runner = CliRunner()
+
+
+def script(name):
+    """scripts/NAME.py, imported as a module (the scripts are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiecli(*args):

@@ -3,7 +3,6 @@ presets' error when a corpus is not built, and the shipped Russian pairs file.""
 
 import collections
 import hashlib
-import importlib.util
 import io
 import re
 import tarfile
@@ -12,20 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import TINY, data_config
-from helpers import one_line_error, tiecli
+from helpers import one_line_error, script, tiecli
 
 from tiecli.data.corpus import corpus_path, load_documents
 from tiecli.data.pairs import pairs_file, read_pairs_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NODATA = [o for o in TINY if not o.startswith("data")]
-
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 deb = script("build_corpus_deb")

@@ -2,24 +2,15 @@
 its report read (checkpoints left out), less those borrowed.json takes from another study's archive, and `tiecli
 report` on them, with the --select the report recorded, writes the committed results.csv again, number for number."""
 
-import importlib.util
 import json
 import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import tiecli
+from helpers import script, tiecli
 
-ROOT = Path(__file__).resolve().parents[1]
-FINDINGS = ROOT / "docs" / "findings"
+FINDINGS = Path(__file__).resolve().parents[1] / "docs" / "findings"
 STUDIES = sorted({p.parent for pattern in ("*/runs.tar.xz", "*/borrowed.json") for p in FINDINGS.glob(pattern)})
-
-
-def pack_findings():
-    spec = importlib.util.spec_from_file_location("pack_findings", ROOT / "scripts" / "pack_findings.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("study", STUDIES, ids=[s.name for s in STUDIES])
@@ -28,7 +19,7 @@ def test_a_committed_report_is_what_its_committed_runs_give(study, tmp_path, mon
         with tarfile.open(study / "runs.tar.xz") as tar:
             names = tar.getnames()
         assert not [n for n in names if "/checkpoints" in n or n.endswith("/.lock")]
-    pack_findings().unpack(study, tmp_path)
+    script("pack_findings").unpack(study, tmp_path)
     sweeps = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.glob("runs/sweeps/*/sweep.json"))
     assert sweeps, f"{study}: no sweep folder (runs/sweeps/NAME/sweep.json) in its runs"
     committed = json.loads((study / "results.json").read_text())

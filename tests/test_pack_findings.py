@@ -1,22 +1,13 @@
 """scripts/pack_findings.py's pack: what a committed runs archive keeps (no checkpoints, rows.npz only when asked
 for), with metrics.jsonl's floats at 7 significant digits and eval.json exact."""
 
-import importlib.util
 import json
 import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pack_findings.py"
-
-
-def script():
-    spec = importlib.util.spec_from_file_location("pack_findings", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import script
 
 
 def sweep(root: Path) -> Path:
@@ -36,7 +27,7 @@ def test_pack_keeps_what_the_report_reads_and_leaves_rows_out_only_when_asked(tm
     monkeypatch.chdir(tmp_path)
     study = tmp_path / "study"
     study.mkdir()
-    script().pack(study, [sweep(tmp_path)], without_rows)
+    script("pack_findings").pack(study, [sweep(tmp_path)], without_rows)
     with tarfile.open(study / "runs.tar.xz") as tar:
         names = set(tar.getnames())
         metrics = json.loads(tar.extractfile("runs/sweeps/s/nano-tied-s0/metrics.jsonl").read())
@@ -57,7 +48,7 @@ def test_slim_writes_the_same_results_json_without_indentation_and_names_the_fig
     (study / "report.md").write_text("# tiecli report\n\n![Validation loss](val_loss.png)\n")
     (study / "val_loss.png").write_bytes(b"png")
     (study / "report.html").write_text("<html></html>")
-    script().slim(study)
+    script("pack_findings").slim(study)
     text = (study / "results.json").read_text()
     assert json.loads(text) == results and "\n " not in text and "Δ" in text
     assert sorted(p.name for p in study.iterdir()) == ["report.md", "results.json"]
@@ -66,7 +57,7 @@ def test_slim_writes_the_same_results_json_without_indentation_and_names_the_fig
 
 def test_pack_borrows_only_what_a_lender_holds_byte_for_byte_and_unpack_gives_it_back(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    pack_findings = script()
+    module = script("pack_findings")
     shared = sweep(tmp_path)
     changed = shared / "nano-untied-s0"
     changed.mkdir()
@@ -74,25 +65,25 @@ def test_pack_borrows_only_what_a_lender_holds_byte_for_byte_and_unpack_gives_it
     lender, borrower = tmp_path / "lender", tmp_path / "borrower"
     lender.mkdir()
     borrower.mkdir()
-    pack_findings.pack(lender, [shared])
+    module.pack(lender, [shared])
     (changed / "eval.json").write_text(json.dumps({"loss": 5.25}))  # no longer what the lender holds
     own = Path("runs/sweeps/own")
     (tmp_path / own / "micro-tied-s0").mkdir(parents=True)
     (tmp_path / own / "sweep.json").write_text("{}")
     (tmp_path / own / "micro-tied-s0" / "eval.json").write_text(json.dumps({"loss": 4.0}))
-    pack_findings.pack(borrower, [shared, own], lenders=(lender,))
+    module.pack(borrower, [shared, own], lenders=(lender,))
     borrowed = json.loads((borrower / "borrowed.json").read_text())
     assert borrowed == {"lender": ["runs/sweeps/s/nano-tied-s0", "runs/sweeps/s/sweep.json"]}
     with tarfile.open(borrower / "runs.tar.xz") as tar:
         names = set(tar.getnames())
     assert "runs/sweeps/s/nano-untied-s0/eval.json" in names and "runs/sweeps/own/micro-tied-s0/eval.json" in names
     assert not [n for n in names if n.startswith("runs/sweeps/s/nano-tied-s0") or n.endswith("s/sweep.json")]
-    pack_findings.unpack(borrower, tmp_path / "out")
+    module.unpack(borrower, tmp_path / "out")
     out = tmp_path / "out" / "runs" / "sweeps"
     assert json.loads((out / "s" / "nano-tied-s0" / "metrics.jsonl").read_text())["loss"] == 5.123457
     assert json.loads((out / "s" / "nano-untied-s0" / "eval.json").read_text()) == {"loss": 5.25}
     assert (out / "s" / "sweep.json").is_file() and (out / "own" / "micro-tied-s0" / "eval.json").is_file()
     shutil.rmtree(tmp_path / shared / "nano-tied-s0")
-    pack_findings.pack(lender, [shared])  # the lender re-packed without a run the borrower takes
+    module.pack(lender, [shared])  # the lender re-packed without a run the borrower takes
     with pytest.raises(SystemExit, match="nano-tied-s0 is not in lender/runs.tar.xz any more"):
-        pack_findings.unpack(borrower, tmp_path / "again")
+        module.unpack(borrower, tmp_path / "again")

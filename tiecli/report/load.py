@@ -340,7 +340,7 @@ def diagnostics(metrics: list[MetricsRow], entries: list[GeometryEntry]) -> dict
 def _measured(value):
     """A geometry value, None where it was undefined: runs before 2026-12-06 wrote the CKA of a zero matrix (a
     zero-initialised output matrix at step 0) as NaN, which would make every mean over seeds NaN."""
-    return None if _number(value) and not math.isfinite(value) else value
+    return None if _number(value) and not _finite(value) else value
 
 
 def cancelled_fractions(means: dict) -> dict[str, float | None]:
