@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE_BUDGET = 20_000_000  # bytes, every tracked file
-DOCS_BUDGET = 15_000_000  # bytes, the tracked files under docs/
+DOCS_BUDGET = 16_500_000  # bytes, the tracked files under docs/
 
 
 def tracked_sizes() -> dict[str, int]:
