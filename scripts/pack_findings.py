@@ -20,7 +20,8 @@ eval.json and summary.json, where the verdicts' losses come from, are kept exact
     rerender STUDY        report the committed runs (unpack) again, with the --select its results.json
                           records, into report.md, results.csv and results.json; then slim
     slim STUDY            drop report.html and the PNGs; report.md names each figure instead of showing it;
-                          results.json without its indentation (the same JSON, a fifth smaller)
+                          results.json without its indentation, and without its runs and groups where
+                          results.csv holds them (the claims, rules and settings stay; a third of the size)
 
 tests/test_findings.py checks that the committed results.csv is what the committed runs give.
 """
@@ -38,6 +39,8 @@ from pathlib import Path
 SIGNIFICANT = 7
 BORROWED = "borrowed.json"  # {lender study: [member paths, each a run folder or a sweep.json]}
 SKIPPED = ("checkpoints", ".lock", "report")  # a sweep's own report/ folder is made again, not kept
+IN_CSV = ("runs", "groups")  # results.json's copies of results.csv's run and group rows, the same numbers
+ROWS_NOTE = "every run's and group's row is in results.csv (kind run or group), unrounded"
 FIGURE = re.compile(r"^!\[(?P<title>[^\]]*)\]\((?P<file>[^)\s]+\.png)\)$", re.MULTILINE)
 
 
@@ -164,13 +167,17 @@ def rerender(study: Path) -> None:
 
 
 def slim(study: Path) -> None:
-    """Leave out what the report draws again: report.html and the PNGs. report.md then names each figure, and
-    results.json loses its indentation (report.md and results.csv are the files a reader diffs)."""
+    """Leave out what the report draws again or holds twice: report.html and the PNGs (report.md then names each
+    figure), results.json's indentation, and its runs and groups, each a line of results.csv (report.md and
+    results.csv are the files a reader diffs)."""
     for path in [study / "report.html", *study.glob("*.png")]:
         path.unlink(missing_ok=True)
     results = study / "results.json"
     if results.is_file():
-        compact = json.dumps(json.loads(results.read_text()), ensure_ascii=False, separators=(",", ":"))
+        data = json.loads(results.read_text())
+        if (study / "results.csv").is_file():
+            data = {k: v for k, v in data.items() if k not in IN_CSV} | {"rows": ROWS_NOTE}
+        compact = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
         write_atomically(results, compact + "\n")
     page = study / "report.md"
     text = FIGURE.sub(

@@ -1,13 +1,14 @@
 """scripts/pack_findings.py's pack: what a committed runs archive keeps (no checkpoints, rows.npz only when asked
 for), with metrics.jsonl's floats at 7 significant digits and eval.json exact."""
 
+import csv
 import json
 import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import script
+from helpers import script, tiecli, write_run
 
 
 def sweep(root: Path) -> Path:
@@ -53,6 +54,28 @@ def test_slim_writes_the_same_results_json_without_indentation_and_names_the_fig
     assert json.loads(text) == results and "\n " not in text and "Δ" in text
     assert sorted(p.name for p in study.iterdir()) == ["report.md", "results.json"]
     assert "Figure `val_loss.png` (Validation loss): not committed" in (study / "report.md").read_text()
+
+
+def test_slim_leaves_the_rows_results_csv_holds_to_results_csv_and_keeps_the_claims(tmp_path, monkeypatch):
+    for mode in ("tied", "untied"):
+        for seed in range(3):
+            write_run(tmp_path / "runs", "nano", mode, seed)
+    monkeypatch.chdir(tmp_path)
+    assert tiecli("report", "runs", "--out", "study").exit_code == 0
+    study = tmp_path / "study"
+    full = json.loads((study / "results.json").read_text())
+    script("pack_findings").slim(study)
+    slimmed = json.loads((study / "results.json").read_text())
+    assert len(full["runs"]) == 6 and len(full["groups"]) == 2
+    assert "runs" not in slimmed and "groups" not in slimmed and "results.csv" in slimmed["rows"]
+    assert {k: v for k, v in slimmed.items() if k != "rows"} == {
+        k: v for k, v in full.items() if k not in ("runs", "groups")
+    }
+    with (study / "results.csv").open() as f:
+        in_csv = list(csv.DictReader(f))
+    for kind in ("run", "group"):  # every row results.json dropped is a line of results.csv, the same numbers
+        lines = [{k: v for k, v in row.items() if v != ""} for row in in_csv if row["kind"] == kind]
+        assert lines == [{k: str(v) for k, v in row.items() if v is not None and v != ""} for row in full[kind + "s"]]
 
 
 def test_pack_borrows_only_what_a_lender_holds_byte_for_byte_and_unpack_gives_it_back(tmp_path, monkeypatch):
