@@ -288,7 +288,7 @@ def diagnostics_tables(groups: list[Group], references: Sequence[Reference] = ()
     return [
         TableSpec(
             title,
-            f"mean over seeds (intervals in results.json); in = input embedding, out = output matrix (the same matrix when tied); {note}"
+            f"mean over seeds (intervals in results.csv); in = input embedding, out = output matrix (the same matrix when tied); {note}"
             + (ref_note if columns is GEOMETRY_COLUMNS else ""),
             ["group", *(name for _, name in columns)],
             [[g.label, *(_stat(g.stats[key], spec=".3g") for key, _ in columns)] for g in groups]
