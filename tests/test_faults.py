@@ -698,21 +698,24 @@ def test_kill_9_at_several_points_then_resume_matches_an_uninterrupted_run(isola
     def writing() -> bool:  # last.pt's temporary file exists: a write is under way (or was cut short)
         return ckpts.is_dir() and any(p.name.startswith(".last.pt.") for p in ckpts.iterdir())
 
-    procs = [spawn("train", *common, "--name", "whole")]  # the uninterrupted reference, alongside
+    # One thread each: the reference runs alongside, so each process would otherwise pick its count from the load the
+    # other makes (runtime.device.pick_threads), and two counts sum in two orders
+    one = {"env": {**os.environ, **THREAD}}
+    procs = [spawn("train", *common, "--name", "whole", **one)]  # the uninterrupted reference, alongside
     try:
         # After a few steps, between checkpoints (the first at step 3; killed once step 6 is logged).
-        procs.append(spawn("train", *common, "--name", "X"))
+        procs.append(spawn("train", *common, "--name", "X", **one))
         assert _kill_when(procs[-1], lambda: (run / SUMMARY).exists() and any(s >= 4 for s in steps_of(run)))
         # Then while last.pt is being written, a few times.
         torn = 0
         for _ in range(3):
-            procs.append(spawn("train", *common, "--name", "X", "--resume"))
+            procs.append(spawn("train", *common, "--name", "X", "--resume", **one))
             if not _kill_when(procs[-1], writing):
                 assert procs[-1].returncode == 0, procs[-1].communicate()[1][-3000:]
                 break
             torn += writing()  # the temporary file a killed writer leaves
         assert torn >= 1, "no kill landed while last.pt was being written"
-        procs.append(spawn("train", *common, "--name", "X", "--resume"))
+        procs.append(spawn("train", *common, "--name", "X", "--resume", **one))
         for proc in (procs[-1], procs[0]):
             _, err = proc.communicate(timeout=240)
             assert proc.returncode == 0, err[-3000:]
