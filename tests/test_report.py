@@ -3,6 +3,7 @@
 import json
 import math
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import yaml
 from helpers import (
     LOSS,
     SIZES,
@@ -454,6 +456,24 @@ def test_an_unknown_baseline_is_one_line_naming_what_exists(sweep):
     assert (
         tiecli("report", sweep, "--baseline", "train.lr=3e-3", "--out", sweep.parent / "out").exit_code == 0
     )  # numbers compare as numbers
+
+
+@pytest.mark.slow
+def test_a_boolean_baseline_is_typed_as_on_the_command_line(sweep):
+    """model.embedding_norm=false on the command line is YAML's False in config.yaml: --baseline takes it as typed,
+    and an unknown value lists the values as they would be typed."""
+    for seed in range(3):  # micro untied again, without biases
+        run = shutil.copytree(sweep / f"micro-untied-s{seed}", sweep / f"micro-untied-nobias-s{seed}")
+        setting = yaml.safe_load((run / "config.yaml").read_text())
+        setting["model"]["bias"] = False
+        (run / "config.yaml").write_text(yaml.safe_dump(setting))
+    result = tiecli("report", sweep, "--baseline", "model.bias=maybe", "--out", sweep.parent / "out")
+    assert result.output.strip() == "error: no run has model.bias=maybe; model.bias values present: false, true"
+    result = tiecli("report", sweep, "--baseline", "model.bias=false", "--out", sweep.parent / "out")
+    assert result.exit_code == 0, result.output
+    _, groups, _ = results(sweep.parent / "out")
+    assert groups["micro untied model.bias=True"]["baseline"] == "micro untied model.bias=False"
+    assert groups["micro untied model.bias=False"]["baseline"] is None  # the baseline itself
 
 
 @pytest.mark.slow

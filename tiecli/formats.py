@@ -18,6 +18,13 @@ def num(value, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def typed(value) -> str:
+    """A YAML value as it is typed on the command line: true, false and null for YAML's booleans and null."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
+
+
 def dash(value, spec: str) -> str:
     """A number on the bar; "—" where there is none yet."""
     return "—" if value is None else format(value, spec)

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from tiecli.errors import TiecliError
+from tiecli.formats import typed
 from tiecli.report.load import Run, Skipped
 
 GROUPS = ("model", "tying", "data", "tokenizer")  # the config groups whose choices name a run
@@ -354,7 +355,7 @@ class Baseline:
         actual = self.actual(group)
         if self.key in GROUPS:
             return str(actual) == self.value
-        return str(actual) == self.value or (isinstance(actual, int | float) and _float(self.value) == actual)
+        return str(actual) == self.value or typed(actual) == self.value or _same_number(actual, self.value)
 
     def rest(self, group: Group, free=()) -> str:
         """The group's setting off the axis (and off the free keys), as a comparable string."""
@@ -376,13 +377,16 @@ class Baseline:
         if any(self.matches(g) for g in groups):
             return
         if self.key in GROUPS or any(self.key in g.setting for g in groups):
-            present = sorted({str(self.actual(g)) for g in groups if self.key in GROUPS or self.key in g.setting})
+            present = sorted({typed(self.actual(g)) for g in groups if self.key in GROUPS or self.key in g.setting})
             raise TiecliError(f"no run has {self}; {self.key} values present: {', '.join(present)}")
         check_key(self.key, groups, f"--baseline {self}")
 
 
-def _float(text: str) -> float | None:
+def _same_number(actual, text: str) -> bool:
+    """Whether a numeric setting equals text read as a number (3e-3 is 0.003); a boolean is not a number here."""
+    if isinstance(actual, bool) or not isinstance(actual, int | float):
+        return False
     try:
-        return float(text)
+        return float(text) == actual
     except ValueError:
-        return None
+        return False

@@ -18,6 +18,7 @@ import yaml
 
 from tiecli.config.compose import group_options, parse_overrides
 from tiecli.errors import ConfigError, TiecliError
+from tiecli.formats import typed
 
 STUDY_KEYS = ("description", "axes", "fixed", "when", "add", "families")
 
@@ -47,8 +48,8 @@ def load_study(name: str, dirs: list[Path]) -> tuple[str, list[str], list[dict],
             "axes: {axis: [values]}}) and families (name: [claim, ...])"
         )
     axes, fixed = study.get("axes") or {}, study.get("fixed") or {}
-    lines = [f"{k}={','.join(map(_value, v)) if isinstance(v, list) else _value(v)}" for k, v in axes.items()]
-    lines += [f"{k}={_value(v)}" for k, v in fixed.items()]
+    lines = [f"{k}={','.join(map(typed, v)) if isinstance(v, list) else typed(v)}" for k, v in axes.items()]
+    lines += [f"{k}={typed(v)}" for k, v in fixed.items()]
     for line in lines[len(axes) :]:
         if any(o.is_sweep_override() for o in parse_overrides([line])):
             raise ConfigError(f"study {name!r}: fixed setting {line!r} has several values; move it under axes")
@@ -79,7 +80,7 @@ def _with_added(axes: dict, add: list[dict]) -> dict:
     for rule in add:
         for key, values in rule["axes"].items():
             if isinstance(out[key], list):
-                out[key] += [v for v in values if v not in map(_value, out[key])]
+                out[key] += [v for v in values if v not in map(typed, out[key])]
     return out
 
 
@@ -100,8 +101,8 @@ def _check_match(where: str, match: dict, axes: dict) -> None:
         if values is None:
             raise ConfigError(f"{where}: matches {key!r}, which is not an axis; the axes are {', '.join(axes)}")
         values = values if isinstance(values, list) else [values]
-        if not any(_same(_value(v), value) for v in values):  # as the jobs are matched: 1e-3 is 0.001
-            shown = ", ".join(map(_value, values))
+        if not any(_same(typed(v), value) for v in values):  # as the jobs are matched: 1e-3 is 0.001
+            shown = ", ".join(map(typed, values))
             raise ConfigError(f"{where}: {key}={value} is not one of the axis's values: {shown}")
 
 
@@ -121,14 +122,14 @@ def _additions(name: str, add, axes: dict) -> list[dict]:
             or not all(isinstance(v, list) and v for v in rule["axes"].values())
         ):
             raise ConfigError(f"{where}: a rule is {{match: {{axis: value, ...}}, axes: {{axis: [values], ...}}}}")
-        match = {k: _value(v) for k, v in (rule.get("match") or {}).items()}
+        match = {k: typed(v) for k, v in (rule.get("match") or {}).items()}
         _check_match(where, match, _with_added(axes, rules))
         for key in rule["axes"]:
             if key not in axes:
                 raise ConfigError(
                     f"{where}: adds values to {key!r}, which is not an axis; the axes are {', '.join(axes)}"
                 )
-        rules.append({"match": match, "axes": {k: list(map(_value, v)) for k, v in rule["axes"].items()}})
+        rules.append({"match": match, "axes": {k: list(map(typed, v)) for k, v in rule["axes"].items()}})
     return rules
 
 
@@ -147,9 +148,9 @@ def _rules(name: str, when, axes: dict, fixed: dict) -> list[dict]:
             or not all(isinstance(rule[k], dict) and rule[k] for k in rule)
         ):
             raise ConfigError(f"{where}: a rule is {{match: {{axis: value, ...}}, set: {{key: value, ...}}}}")
-        match = {k: _value(v) for k, v in rule["match"].items()}
+        match = {k: typed(v) for k, v in rule["match"].items()}
         _check_match(where, match, axes)
-        settings = [f"{k}={_value(v)}" for k, v in rule["set"].items()]
+        settings = [f"{k}={typed(v)}" for k, v in rule["set"].items()]
         for key in rule["set"]:
             if key in axes or key in fixed:
                 raise ConfigError(f"{where}: sets {key!r}, which the study already sweeps or fixes")
@@ -194,10 +195,3 @@ def _same(given: str | None, wanted: str) -> bool:
         return given == wanted or float(given) == float(wanted)
     except ValueError:
         return False
-
-
-def _value(v) -> str:
-    """A YAML value as it would be typed on the command line."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return "null" if v is None else str(v)
