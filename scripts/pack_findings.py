@@ -6,8 +6,11 @@ results.csv, results.json and, where its raw runs are kept, runs.tar.xz. The rep
 self-contained report.html are left out (the report draws them again from the runs), and the runs are
 compacted: no checkpoints; every float in metrics.jsonl and geometry.json written to 7 significant
 digits, what a float32 holds (the models train in fp32 or bf16, so the digits past the 7th are not
-measurement); and the singular values kept at the last geometry snapshot only, the one the report's
-spectra figure reads (every scalar measured from them, effective and stable rank, stays at every step).
+measurement); of the gradient diagnostics in metrics.jsonl, only those the report reads
+(tiecli/report/load.py's READ_DIAG: the per-step statistics it averages over training and the curves it draws;
+the others, such as the cosine by frequency bucket or the count of pairs present, were 30% of docs_budgets'
+archive); and the singular values kept at the last geometry snapshot only, the one the report's spectra figure
+reads (every scalar measured from them, effective and stable rank, stays at every step).
 eval.json and summary.json, where the verdicts' losses come from, are kept exactly.
 
     pack STUDY SWEEP...   compact SWEEP's runs into STUDY/runs.tar.xz, then rerender; --without-rows leaves out
@@ -34,7 +37,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import fields
 from pathlib import Path
+
+from tiecli.report.load import READ_DIAG
+from tiecli.run.records import MetricsRow
+
+METRICS_KEPT = READ_DIAG | ({f.name for f in fields(MetricsRow)} - {"diag"})
 
 SIGNIFICANT = 7
 BORROWED = "borrowed.json"  # {lender study: [member paths, each a run folder or a sweep.json]}
@@ -55,11 +64,21 @@ def rounded(value, digits: int = SIGNIFICANT):
     return value
 
 
+def kept(row: dict) -> dict:
+    """A metrics.jsonl step row without the diagnostics the report does not read; any other line as it is."""
+    return {k: v for k, v in row.items() if k in METRICS_KEPT} if "step" in row else row
+
+
+def compact_metrics(text: str) -> str:
+    """metrics.jsonl's text with its floats rounded and without the diagnostics the report does not read."""
+    return "\n".join(json.dumps(kept(rounded(json.loads(line)))) for line in text.splitlines() if line.strip()) + "\n"
+
+
 def compact_run_files(root: Path) -> None:
-    """Round the floats of every metrics.jsonl and geometry.json under root, in place."""
+    """Round the floats of every metrics.jsonl and geometry.json under root, and leave out the diagnostics the
+    report does not read, in place."""
     for path in root.rglob("metrics.jsonl"):
-        lines = [json.dumps(rounded(json.loads(line))) for line in path.read_text().splitlines() if line.strip()]
-        path.write_text("\n".join(lines) + "\n")
+        path.write_text(compact_metrics(path.read_text()))
     for path in root.rglob("geometry.json"):
         geometry = rounded(json.loads(path.read_text()))
         for entry in geometry["entries"][:-1]:
@@ -107,8 +126,12 @@ def archive_files(archive: Path) -> dict[str, bytes]:
 
 def borrowable(root: Path, sweeps: list[Path], lender: Path) -> list[str]:
     """The sweep.json files and run folders under root/sweeps that lender's runs.tar.xz holds byte for byte
-    (a folder only when its files are exactly the lender's, none more, none fewer)."""
-    held = archive_files(lender / "runs.tar.xz")
+    (a folder only when its files are exactly the lender's, none more, none fewer), a metrics.jsonl once
+    compacted as ours is: a lender packed before pack left out the unread diagnostics still lends its runs."""
+    held = {
+        n: compact_metrics(data.decode()).encode() if n.endswith("/metrics.jsonl") else data
+        for n, data in archive_files(lender / "runs.tar.xz").items()
+    }
     found = []
     for sweep in sweeps:
         for entry in sorted((root / sweep).iterdir()):

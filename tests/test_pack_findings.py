@@ -1,5 +1,6 @@
 """scripts/pack_findings.py's pack: what a committed runs archive keeps (no checkpoints, rows.npz only when asked
-for), with metrics.jsonl's floats at 7 significant digits and eval.json exact."""
+for, only the diagnostics the report reads), with metrics.jsonl's floats at 7 significant digits and eval.json
+exact."""
 
 import csv
 import json
@@ -110,3 +111,51 @@ def test_pack_borrows_only_what_a_lender_holds_byte_for_byte_and_unpack_gives_it
     module.pack(lender, [shared])  # the lender re-packed without a run the borrower takes
     with pytest.raises(SystemExit, match="nano-tied-s0 is not in lender/runs.tar.xz any more"):
         module.unpack(borrower, tmp_path / "again")
+
+
+def test_pack_keeps_the_diagnostics_the_report_reads_and_every_loss(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "sweeps" / "s" / "tiny-tied-s0"
+    run.mkdir(parents=True)
+    (run.parent / "sweep.json").write_text("{}")
+    read = {"grad_cos": 0.0311, "grad_norm_in": 0.03, "grad_norm_out": 0.67, "pair_claimed": 0.12}
+    unread = {"grad_cos_frequent": -0.033, "grad_norm_ratio": 0.045, "pair_n": 71, "pair_cancel_adam": 0.06}
+    rows = [
+        {"format": 1},
+        {"step": 0, "tokens": 0, "lr": 0.0, "val_loss": 8.3, "val_ppl": 4237.6, "train_eval_loss": 8.31},
+        {"step": 10, "tokens": 20480, "lr": 1e-4, "loss": 7.5, "grad_norm": 0.79, "tokens_per_s": 818.5}
+        | read
+        | unread,
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study = tmp_path / "study"
+    study.mkdir()
+    script("pack_findings").pack(study, [Path("runs/sweeps/s")])
+    with tarfile.open(study / "runs.tar.xz") as tar:
+        packed = [json.loads(line) for line in tar.extractfile(f"runs/sweeps/s/{run.name}/metrics.jsonl")]
+    assert packed[:2] == rows[:2]
+    assert packed[2] == {k: v for k, v in rows[2].items() if k not in unread}
+    assert read.keys() <= script("pack_findings").READ_DIAG  # the report's own list, not a copy
+
+
+def test_a_lender_packed_with_every_diagnostic_still_lends_the_run_it_holds(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shared = sweep(tmp_path)
+    row = {"step": 10, "tokens": 20480, "lr": 1e-4, "loss": 5.123457, "grad_cos": 0.0311, "grad_cos_rare": -0.0036}
+    (tmp_path / shared / "nano-tied-s0" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    lender, borrower = tmp_path / "lender", tmp_path / "borrower"
+    lender.mkdir()
+    borrower.mkdir()
+    with tarfile.open(lender / "runs.tar.xz", "w:xz") as tar:  # as pack wrote it before it left diagnostics out
+        tar.add(tmp_path / shared, arcname=str(shared), filter=lambda m: None if "checkpoints" in m.name else m)
+    script("pack_findings").pack(borrower, [shared], lenders=(lender,))
+    borrowed = json.loads((borrower / "borrowed.json").read_text())
+    assert "runs/sweeps/s/nano-tied-s0" in borrowed["lender"]
+    row["grad_cos_rare"] = 0.5  # now our copy differs from the lender's in a field the report does not read
+    (tmp_path / shared / "nano-tied-s0" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    script("pack_findings").pack(borrower, [shared], lenders=(lender,))
+    assert "runs/sweeps/s/nano-tied-s0" in json.loads((borrower / "borrowed.json").read_text())["lender"]
+    row["grad_cos"] = 0.5  # and now in one it reads
+    (tmp_path / shared / "nano-tied-s0" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    script("pack_findings").pack(borrower, [shared], lenders=(lender,))
+    assert "runs/sweeps/s/nano-tied-s0" not in json.loads((borrower / "borrowed.json").read_text()).get("lender", [])

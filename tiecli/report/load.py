@@ -64,6 +64,9 @@ TRAINING_DIAG = (
     "pair_row_cos",
     "pair_row_cos_null",
 )
+# Every metrics.jsonl diag key the report reads: TRAINING_DIAG's means and the per-step curves' (curves below).
+# scripts/pack_findings.py keeps these in a committed archive and leaves the others out.
+READ_DIAG = frozenset((*TRAINING_DIAG, "grad_norm_in", "grad_norm_out"))
 SIDE_DIAG = ("drift", "anisotropy", "effective_rank", "forms_contrast", "drift_unit")
 AGREEMENT_DIAG = ("cka", "knn_overlap", "row_cosine", "distance")
 FLOPS_PER_PARAM_TOKEN = 6  # forward and backward: 2 + 4 FLOPs per matmul parameter per token (Kaplan et al. 2020)
