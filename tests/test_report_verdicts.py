@@ -47,7 +47,7 @@ def synth(
     loss)], tokens = step x TOKENS_PER_STEP; diag: gradient statistics on every logged row after step 0; agreement:
     (step 0, last) in/out agreement dicts, geometry at both steps (None: no geometry); train, test: whole-split losses
     added to eval.json; train_eval: train_eval_loss on the last row, or a list: on every row of the curve; setting:
-    {"train": {...}} over the defaults; train_tokens: the corpus's training-split tokens in summary.json (epochs);
+    {"train": {...}, "tying": {...}} over the defaults; train_tokens: the corpus's training-split tokens in summary.json (epochs);
     split_seed: data.split_seed in the config."""
     curve = curve or curve_to(loss)
     shape = {"nano": {"n_layer": 2, "n_head": 4, "n_embd": 64}, "micro": {"n_layer": 4, "n_head": 4, "n_embd": 128}}[
@@ -59,7 +59,7 @@ def synth(
         "model": {"block_size": 128, "dropout": 0.0, "bias": True, **shape},
         "train": {"max_steps": curve[-1][0], "max_tokens": None, "lr": 0.003, **(setting or {}).get("train", {})},
         "diag": {"every": 10 if diag else 0},
-        "tying": {"mode": mode},
+        "tying": {"mode": mode, **(setting or {}).get("tying", {})},
         "tokenizer": {"name": "bytes", "vocab_size": V},
         **({"data": {"name": "shakespeare", "split_seed": split_seed}} if split_seed is not None else {}),
     }
@@ -860,6 +860,30 @@ def test_select_compares_each_mode_at_its_own_best_value(tmp_path):
     ), result.output
     result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "bad", "--select", "tying.mode")
     assert result.exit_code == 1 and "cannot select on the baseline's key tying" in result.output
+
+
+def test_select_over_a_key_of_the_tying_group_picks_within_each_mode(tmp_path):
+    """Untied is better with a zero output matrix (tying.output_std=0) than with GPT-2's init; tied has only the
+    init. Selecting tying.output_std compares tied with untied's better init; selecting tying.mode, which would
+    pick between tied and untied, is refused."""
+    loss = {("tied", None): [3.0, 3.1, 3.05], ("untied", None): [3.3, 3.35, 3.4], ("untied", 0): [3.2, 3.25, 3.3]}
+    for (mode, std), values in loss.items():
+        for seed, value in enumerate(values):
+            synth(tmp_path / "runs", mode, seed, value, setting={"tying": {"output_std": std}}, label=f"-std{std}")
+    data, groups, claims = report(tmp_path / "runs", "--select", "tying.output_std")
+    assert set(groups) == {"nano tied", "nano untied"}, set(groups)
+    assert groups["nano tied"]["delta_loss_mean"] == pytest.approx(
+        statistics.fmean(a - b for a, b in zip(loss[("tied", None)], loss[("untied", 0)]))
+    )
+    assert [(d["values"], d["chosen"]) for d in data["not_selected"]] == [
+        ("tying.output_std=None", "tying.output_std=0")
+    ]
+    result = tiecli("report", tmp_path / "runs", "--out", tmp_path / "bad", "--select", "tying.mode")
+    assert result.exit_code == 1 and result.output.strip() == (
+        "error: --select tying.mode: cannot select on the baseline's key tying: tying.mode tells tying=tied and "
+        "tying=untied apart; select keys that vary within one tying"
+    ), result.output
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow

@@ -50,6 +50,7 @@ from tiecli.report.groups import (
     Baseline,
     Group,
     NotSelected,
+    check_select,
     group_runs,
     select,
     units,
@@ -96,7 +97,7 @@ class Options:
         """The SESOI values; one line for a bad option, before any run is read."""
         if self.target_loss is not None and not (math.isfinite(self.target_loss) and self.target_loss > 0):
             raise TiecliError(f"--target-loss {self.target_loss} must be a positive loss in nats")
-        if any(axis.on_axis(key) for key in self.select):
+        if axis.key in self.select:
             raise TiecliError(f"--select {', '.join(self.select)}: cannot select on the baseline's key {axis.key}")
         return claims_rules.parse_sesoi(list(self.sesoi))
 
@@ -139,6 +140,7 @@ def selected(paths: list[Path], axis: Baseline, options: Options, chosen) -> Sel
         axis.check(groups)
     grid = claims_stability.outcomes(groups, [s.diverged for s in skipped if s.diverged])
     scope = results.scope([r for g in groups for r in g.runs])
+    check_select(groups, options.select, axis)
     kept, dropped = select(groups, options.select)
     return Selection(kept, groups, skipped, dropped, grid, scope, families, family_source)
 

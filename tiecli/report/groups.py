@@ -251,9 +251,7 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
         check_key(key, groups, f"--select {key}")
     families: dict[str, list[Group]] = {}
     for g in groups:
-        families.setdefault(
-            json.dumps({k: v for k, v in g.setting.items() if k not in keys}, sort_keys=True), []
-        ).append(g)
+        families.setdefault(family(g, keys), []).append(g)
     kept, dropped = [], []
     for members in families.values():
         chosen = pick(members)
@@ -286,6 +284,25 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
                 )
             )
     return label_groups([g for g in groups if any(g is k for k in kept)]), dropped  # the report's order
+
+
+def family(group: Group, keys: tuple[str, ...]) -> str:
+    """The setting --select picks within: the group's setting less the selected keys, as a comparable string."""
+    return json.dumps({k: v for k, v in group.setting.items() if k not in keys}, sort_keys=True)
+
+
+def check_select(groups: list[Group], keys: tuple[str, ...], axis: "Baseline") -> None:
+    """One line when a selected key tells the comparison's sides apart (tying.mode: tied against untied): picking
+    on it would pick between them, not within each. A key of the axis's config group that varies within a side,
+    such as untied's tying.output_std, is selectable: each mode is then compared at its own best value of it."""
+    sides = sorted({str(axis.actual(g)) for g in groups})
+    for key in filter(axis.on_axis, keys):  # off the axis (train.lr), each side may run its own grid
+        values = [{json.dumps(g.setting.get(key)) for g in groups if str(axis.actual(g)) == side} for side in sides]
+        if len(sides) > 1 and sum(map(len, values)) == len(set().union(*values)):  # no value on two sides
+            raise TiecliError(
+                f"--select {', '.join(keys)}: cannot select on the baseline's key {axis.key}: {key} tells "
+                f"{' and '.join(f'{axis.key}={s}' for s in sides)} apart; select keys that vary within one {axis.key}"
+            )
 
 
 def shared_units(members: list[Group]) -> set[tuple]:
