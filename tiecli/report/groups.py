@@ -251,7 +251,9 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
         check_key(key, groups, f"--select {key}")
     families: dict[str, list[Group]] = {}
     for g in groups:
-        families.setdefault(family(g, keys), []).append(g)
+        families.setdefault(
+            json.dumps({k: v for k, v in g.setting.items() if k not in keys}, sort_keys=True), []
+        ).append(g)
     kept, dropped = [], []
     for members in families.values():
         chosen = pick(members)
@@ -284,11 +286,6 @@ def select(groups: list[Group], keys: tuple[str, ...]) -> tuple[list[Group], lis
                 )
             )
     return label_groups([g for g in groups if any(g is k for k in kept)]), dropped  # the report's order
-
-
-def family(group: Group, keys: tuple[str, ...]) -> str:
-    """The setting --select picks within: the group's setting less the selected keys, as a comparable string."""
-    return json.dumps({k: v for k, v in group.setting.items() if k not in keys}, sort_keys=True)
 
 
 def check_select(groups: list[Group], keys: tuple[str, ...], axis: "Baseline") -> None:
