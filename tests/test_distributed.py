@@ -482,3 +482,16 @@ def test_a_rank_ended_by_a_stop_signal_is_interrupted_and_one_killed_is_not():
     with pytest.raises(TiecliError) as killed:
         launcher.failed_ranks({0: -signal.SIGTERM, 1: -signal.SIGKILL}, 2)
     assert not isinstance(killed.value, Interrupted) and killed.value.exit_code == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize(("ends", "code"), [("pass", 0), ("sys.exit(130)", 130), ("sys.exit()", 0)])
+def test_a_rank_ends_with_its_commands_exit_code_and_its_output_flushed(ends, code):
+    """launcher.run_rank ends a rank with os._exit, skipping interpreter shutdown: the command's exit code
+    must survive it, and what it printed to a pipe (block-buffered, so lost without a flush) must arrive."""
+    script = (
+        "import sys\nfrom tiecli.runtime import launcher\n"
+        f"def command():\n    print('out'); print('err', file=sys.stderr); {ends}\nlauncher.run_rank(command)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as in CI
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (code, "out\n", "err\n")

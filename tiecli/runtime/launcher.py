@@ -18,11 +18,11 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tiecli.errors import Interrupted, TiecliError
-from tiecli.runtime.device import affinity
 
 SHUTDOWN_S = 300  # how long --nproc's launcher waits for the ranks to checkpoint after a signal
 
@@ -30,6 +30,25 @@ SHUTDOWN_S = 300  # how long --nproc's launcher waits for the ranks to checkpoin
 def launched() -> bool:
     """Whether torchrun (or another launcher setting its variables) started this process."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def run_rank(main: Callable[[], object]) -> NoReturn:
+    """main() in a rank that torchrun started; then the process ends with os._exit, its output flushed.
+
+    Interpreter shutdown would race gloo's worker threads, which outlive destroy_process_group: one
+    that drops its last tensor after the interpreter began to finalize takes the GIL, is ended by
+    pthread_exit inside C++ and aborts the rank ("terminate called without an active exception",
+    SIGABRT, pytorch/pytorch#179291), after everything was written. CI once saw it on a rank stopped
+    by SIGUSR2. Everything a rank writes is written by then: files atomically, streams flushed here.
+    """
+    try:
+        main()
+        code = 0
+    except SystemExit as e:  # Typer ends every command with one; its code is an int, or None for 0
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def torchrun(nproc: int, args: list[str]) -> int:
@@ -44,6 +63,8 @@ def torchrun(nproc: int, args: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from tiecli.runtime.device import affinity
 
     for name in list(logging.Logger.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
