@@ -35,11 +35,11 @@ def launched() -> bool:
 def run_rank(main: Callable[[], object]) -> NoReturn:
     """main() in a rank that torchrun started; then the process ends with os._exit, its output flushed.
 
-    Interpreter shutdown would race gloo's worker threads, which outlive destroy_process_group: one
-    that drops its last tensor after the interpreter began to finalize takes the GIL, is ended by
-    pthread_exit inside C++ and aborts the rank ("terminate called without an active exception",
-    SIGABRT, pytorch/pytorch#179291), after everything was written. CI once saw it on a rank stopped
-    by SIGUSR2. Everything a rank writes is written by then: files atomically, streams flushed here.
+    CI once saw a rank stopped by SIGUSR2 abort after everything was written ("terminate called without
+    an active exception", SIGABRT; not reproduced here). The likely cause is interpreter shutdown racing
+    gloo's threads, which outlive destroy_process_group: one that drops its last tensor after the
+    interpreter began to finalize takes the GIL and is ended inside C++ (pytorch/pytorch#179291).
+    Everything a rank writes is written by then: files atomically, streams flushed here.
     """
     try:
         main()
